@@ -1,0 +1,622 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "engine/control.h"
+#include "engine/planner.h"
+#include "engine/progress_group.h"
+#include "engine/rail.h"
+#include "engine/status.h"
+#include "spdlog/spdlog.h"
+
+namespace ferry::engine {
+
+// A registered region as the engine's callers see it. Guarded by Engine::mu_.
+struct RegionEntry {
+  char* addr = nullptr;
+  uint64_t length = 0;
+  Device device;
+  std::vector<uint64_t> keys;  // per engine rail
+  std::vector<void*> descs;    // per engine rail
+  size_t pins = 0;             // transfers whose WRITEs may still read it
+};
+
+namespace {
+
+// Longest peer rail address accepted (fi_getname's for every provider here is far shorter).
+constexpr size_t kMaxAddress = 256;
+
+// Transfers without a deadline of their own get this one.
+constexpr absl::Duration kDefaultTransferDeadline = absl::Seconds(60);
+
+std::string RandomNodeId() {
+  std::random_device rd;
+  std::mt19937_64 gen((uint64_t{rd()} << 32) ^ rd());
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string id(16, '0');
+  uint64_t v = gen();
+  for (char& c : id) {
+    c = kDigits[v & 0xf];
+    v >>= 4;
+  }
+  return id;
+}
+
+// FI_EP_RDM with SEND/RECV for control and one-sided WRITEs for data. We accept every
+// mr_mode bit we handle and FI_CONTEXT(2) / FI_RX_CQ_DATA; FI_THREAD_DOMAIN because only the
+// progress thread touches a domain.
+InfoPtr MakeHints(const std::string& prov_filter, bool delivery_complete) {
+  InfoPtr hints(fi_allocinfo());
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_MSG | FI_RMA | FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
+                                FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  hints->domain_attr->threading = FI_THREAD_DOMAIN;
+  hints->domain_attr->control_progress = FI_PROGRESS_UNSPEC;
+  hints->domain_attr->data_progress = FI_PROGRESS_UNSPEC;
+  if (delivery_complete) hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+  if (!prov_filter.empty()) hints->fabric_attr->prov_name = strdup(prov_filter.c_str());
+  return hints;
+}
+
+}  // namespace
+
+absl::StatusOr<TransferStats> Transfer::Wait(absl::Time deadline) const {
+  TransferState& s = *state_;
+  absl::MutexLock lock(&s.mu);
+  auto done = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) { return s.done; };
+  if (!s.mu.AwaitWithDeadline(absl::Condition(&done), deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("transfer ", s.id, " still running when the wait passed its deadline"));
+  }
+  if (!s.status.ok()) return s.status;
+  return s.stats;
+}
+
+bool Transfer::Done() const { return state_->finished.load(std::memory_order_acquire); }
+
+void Transfer::Cancel() {
+  state_->Finish(absl::CancelledError(absl::StrCat("transfer ", state_->id, " cancelled")));
+}
+
+absl::Status ImmediateCounter::Wait(absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto fired = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return arrived_ >= count_; };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&fired), deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(arrived_, " of ", count_, " immediates landed before the deadline"));
+  }
+  return absl::OkStatus();
+}
+
+uint64_t ImmediateCounter::arrived() const {
+  absl::MutexLock lock(&mu_);
+  return arrived_;
+}
+
+uint64_t ImmediateCounter::Add(uint64_t n, bool* fired) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t take = std::min(n, count_ - arrived_);
+  arrived_ += take;
+  *fired = take > 0 && arrived_ == count_;
+  return n - take;
+}
+
+Engine::Engine(const EngineOptions& options) : options_(options) {}
+
+Engine::~Engine() { groups_.clear(); }
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
+  if (options.progress_threads == 0) {
+    return absl::InvalidArgumentError("progress_threads must be at least 1");
+  }
+  if (options.max_write == 0) return absl::InvalidArgumentError("max_write must be positive");
+  if (options.max_control == 0 || options.max_control > 65536) {
+    return absl::InvalidArgumentError("max_control must be within 1..65536");
+  }
+  if (options.node_id.size() > kMaxSenderId) {
+    return absl::InvalidArgumentError("node_id longer than 256 bytes");
+  }
+  ASSIGN_OR_RETURN(std::string prov_filter, ProviderFilter(options.provider));
+
+  fi_info* list = nullptr;
+  InfoPtr hints = MakeHints(prov_filter, true);
+  int rc = fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints.get(), &list);
+  if (rc == -FI_ENODATA) {  // no FI_DELIVERY_COMPLETE: transmit-complete WRITEs still work
+    hints = MakeHints(prov_filter, false);
+    rc = fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints.get(), &list);
+  }
+  InfoPtr owned_list(list);
+  if (rc != 0) {
+    return absl::NotFoundError(absl::StrCat("no libfabric provider matches '", options.provider,
+                                            "': ", fi_strerror(-rc)));
+  }
+  // One info per domain (the first, libfabric's preferred one), all from the first provider.
+  const std::string prov = list->fabric_attr->prov_name;
+  std::vector<const fi_info*> domains;
+  auto find_domain = [&](std::string_view name) -> const fi_info* {
+    for (const fi_info* i = list; i != nullptr; i = i->next) {
+      if (prov == i->fabric_attr->prov_name && i->domain_attr->name == name) return i;
+    }
+    return nullptr;
+  };
+  if (options.domains.empty()) {
+    for (const fi_info* i = list; i != nullptr; i = i->next) {
+      if (prov != i->fabric_attr->prov_name) continue;
+      if (std::none_of(domains.begin(), domains.end(), [&](const fi_info* d) {
+            return std::string_view(d->domain_attr->name) == i->domain_attr->name;
+          })) {
+        domains.push_back(i);
+      }
+    }
+  } else {
+    for (const std::string& name : options.domains) {
+      const fi_info* i = find_domain(name);
+      if (i == nullptr) {
+        return absl::NotFoundError(absl::StrCat("provider ", prov, " has no domain '", name, "'"));
+      }
+      domains.push_back(i);
+    }
+  }
+  const size_t nrails = options.rails == 0 ? domains.size() : options.rails;
+  const size_t nthreads = std::min(options.progress_threads, nrails);
+
+  std::unique_ptr<Engine> engine(new Engine(options));
+  engine->node_id_ = options.node_id.empty() ? RandomNodeId() : options.node_id;
+  std::vector<std::vector<InfoPtr>> per_group(nthreads);
+  for (size_t r = 0; r < nrails; ++r) {
+    const size_t g = r % nthreads;
+    engine->rail_refs_.push_back({g, per_group[g].size()});
+    per_group[g].emplace_back(fi_dupinfo(domains[r % domains.size()]));
+  }
+  for (size_t g = 0; g < nthreads; ++g) {
+    ASSIGN_OR_RETURN(auto group,
+                     ProgressGroup::Start(engine.get(), g, std::move(per_group[g]),
+                                          engine->options_));
+    engine->groups_.push_back(std::move(group));
+  }
+  engine->max_write_ = options.max_write;
+  engine->cq_data_size_ = 8;
+  for (const RailRef& ref : engine->rail_refs_) {
+    const RailInfo& ri = engine->groups_[ref.group]->rail_info(ref.index_in_group);
+    engine->rails_.push_back(ri);
+    engine->max_write_ = std::min(engine->max_write_, ri.max_msg_size);
+    engine->cq_data_size_ = std::min(engine->cq_data_size_, ri.cq_data_size);
+  }
+  spdlog::debug("engine {}: {} rails on {} ({} progress threads)", engine->node_id_, nrails,
+                prov, nthreads);
+  return engine;
+}
+
+PeerAddress Engine::address() const {
+  PeerAddress a{node_id_, {}};
+  for (const RailInfo& r : rails_) a.rails.push_back(r.address);
+  return a;
+}
+
+absl::StatusOr<RegionId> Engine::RegisterMemory(void* addr, size_t length, Device device) {
+  if (addr == nullptr || length == 0) {
+    return absl::InvalidArgumentError("register: null address or empty range");
+  }
+  if (reinterpret_cast<uintptr_t>(addr) + length < reinterpret_cast<uintptr_t>(addr)) {
+    return absl::InvalidArgumentError("register: range wraps past the end of memory");
+  }
+  if (device.kind != Device::Kind::kHost) {
+    return absl::UnimplementedError(
+        absl::StrCat("register: ", device.ToString(), " memory is not supported by this engine"));
+  }
+  RegionId id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = next_region_++;
+  }
+  auto entry = std::make_unique<RegionEntry>();
+  entry->addr = static_cast<char*>(addr);
+  entry->length = length;
+  entry->device = device;
+  entry->keys.resize(rails_.size());
+  entry->descs.resize(rails_.size());
+  absl::Status status;
+  size_t registered = 0;
+  for (; registered < groups_.size() && status.ok(); ++registered) {
+    std::vector<RailMr*> mrs;
+    status = groups_[registered]->RunAndWait([&](ProgressGroup& g) {
+      return g.RegisterRegion(id, addr, length, &mrs);
+    });
+    if (!status.ok()) break;
+    for (size_t r = 0; r < rails_.size(); ++r) {
+      if (rail_refs_[r].group != registered) continue;
+      entry->keys[r] = mrs[rail_refs_[r].index_in_group]->key;
+      entry->descs[r] = mrs[rail_refs_[r].index_in_group]->desc;
+    }
+  }
+  if (!status.ok()) {
+    for (size_t g = 0; g <= registered && g < groups_.size(); ++g) {
+      IgnoreError(groups_[g]->RunAndWait([id](ProgressGroup& pg) {
+        pg.DeregisterRegion(id);
+        return absl::OkStatus();
+      }));
+    }
+    return status;
+  }
+  absl::MutexLock lock(&mu_);
+  regions_.emplace(id, std::move(entry));
+  return id;
+}
+
+absl::Status Engine::DeregisterMemory(RegionId id) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = regions_.find(id);
+    if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", id));
+    if (it->second->pins > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("region ", id, " is in use by ", it->second->pins, " transfer(s)"));
+    }
+    regions_.erase(it);
+  }
+  for (auto& g : groups_) {
+    IgnoreError(g->RunAndWait([id](ProgressGroup& pg) {
+      pg.DeregisterRegion(id);
+      return absl::OkStatus();
+    }));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RegionDescriptor> Engine::Describe(RegionId id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(id);
+  if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", id));
+  const RegionEntry& e = *it->second;
+  RegionDescriptor d;
+  d.node = node_id_;
+  d.addr = reinterpret_cast<uintptr_t>(e.addr);
+  d.length = e.length;
+  d.device = e.device;
+  d.offset_addressing = (rails_[0].mr_mode & FI_MR_VIRT_ADDR) == 0;
+  d.keys = e.keys;
+  return d;
+}
+
+void Engine::ReleaseRegions(const std::vector<RegionId>& regions) {
+  absl::MutexLock lock(&mu_);
+  for (RegionId id : regions) {
+    auto it = regions_.find(id);
+    if (it != regions_.end()) --it->second->pins;
+  }
+}
+
+absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadline) {
+  if (peer.rails.empty()) return absl::InvalidArgumentError("peer has no rails");
+  for (const std::string& a : peer.rails) {
+    if (a.empty() || a.size() > kMaxAddress) {
+      return absl::InvalidArgumentError(absl::StrCat("peer rail address has ", a.size(),
+                                                     " bytes; want 1 to ", kMaxAddress));
+    }
+  }
+  PeerId id;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [pid, p] : peers_) {
+      if (p.address.node == peer.node && p.address.rails == peer.rails) return pid;
+    }
+    id = next_peer_++;
+  }
+  // Filled at distinct indices by the groups, read after their completions.
+  auto fi_addrs = std::make_shared<std::vector<uint64_t>>(rails_.size(), FI_ADDR_NOTAVAIL);
+  std::vector<std::shared_ptr<Completion>> inserted, hellos;
+  const std::string hello = EncodeControl(ControlType::kHello, node_id_, "");
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    auto done = std::make_shared<Completion>();
+    std::vector<std::pair<size_t, std::shared_ptr<Completion>>> rail_hellos;
+    for (size_t r = 0; r < rails_.size(); ++r) {
+      if (rail_refs_[r].group != g) continue;
+      rail_hellos.emplace_back(r, std::make_shared<Completion>());
+      hellos.push_back(rail_hellos.back().second);
+    }
+    groups_[g]->Run([this, fi_addrs, done, rail_hellos, hello,
+                     remote = peer.rails](ProgressGroup& pg) {
+      for (const auto& [r, hello_done] : rail_hellos) {
+        // fi_av_insert reads the provider's address length (fixed for tcp, a NUL-terminated
+        // string for shm): give it a zero-padded copy, so a short address cannot over-read.
+        char addr[2 * kMaxAddress] = {};
+        memcpy(addr, remote[r % remote.size()].data(), remote[r % remote.size()].size());
+        fid_av* av = pg.rail(rail_refs_[r].index_in_group).av();
+        fi_addr_t fa = FI_ADDR_NOTAVAIL;
+        int n = fi_av_insert(av, addr, 1, &fa, 0, nullptr);
+        if (n != 1) {
+          absl::Status s = FiError(n < 0 ? n : -FI_EINVAL, "fi_av_insert");
+          done->Set(s);
+          hello_done->Set(s);
+          continue;
+        }
+        (*fi_addrs)[r] = fa;
+        // First contact: one small message per rail pair sets the connection up now, so the
+        // first transfer does not pay for it.
+        pg.QueueSend(rail_refs_[r].index_in_group, fa, hello, hello_done);
+      }
+      done->Set(absl::OkStatus());
+    });
+    inserted.push_back(done);
+  }
+  absl::Status status;
+  for (auto& c : inserted) {
+    absl::Status s = c->Wait(absl::InfiniteFuture());
+    if (status.ok()) status = s;
+  }
+  for (auto& c : hellos) {
+    absl::Status s = c->Wait(deadline);
+    if (status.ok() && !s.ok()) {
+      status = absl::Status(s.code(), absl::StrCat("warming up peer ", peer.node, ": ", s.message()));
+    }
+  }
+  if (!status.ok()) {
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      IgnoreError(groups_[g]->RunAndWait([this, g, fi_addrs](ProgressGroup& pg) {
+        for (size_t r = 0; r < rails_.size(); ++r) {
+          fi_addr_t fa = (*fi_addrs)[r];
+          if (rail_refs_[r].group != g || fa == FI_ADDR_NOTAVAIL) continue;
+          fi_av_remove(pg.rail(rail_refs_[r].index_in_group).av(), &fa, 1, 0);
+        }
+        return absl::OkStatus();
+      }));
+    }
+    return status;
+  }
+  absl::MutexLock lock(&mu_);
+  peers_.emplace(id, Peer{peer, *fi_addrs});
+  return id;
+}
+
+absl::Status Engine::RemovePeer(PeerId id) {
+  Peer peer;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(id);
+    if (it == peers_.end()) return absl::NotFoundError(absl::StrCat("no peer ", id));
+    peer = std::move(it->second);
+    peers_.erase(it);
+  }
+  const absl::Status gone =
+      absl::UnavailableError(absl::StrCat("peer ", peer.address.node, " was removed"));
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    IgnoreError(groups_[g]->RunAndWait([&](ProgressGroup& pg) {
+      pg.FailPeer(id, gone);
+      for (size_t r = 0; r < rails_.size(); ++r) {
+        if (rail_refs_[r].group != g) continue;
+        fi_addr_t fa = peer.fi_addrs[r];
+        fi_av_remove(pg.rail(rail_refs_[r].index_in_group).av(), &fa, 1, 0);
+      }
+      return absl::OkStatus();
+    }));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
+  const absl::Time now = absl::Now();
+  if (req.immediate && cq_data_size_ < 8 && (*req.immediate >> (8 * cq_data_size_)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("immediate ", *req.immediate, " exceeds the ",
+                                                   cq_data_size_, "-byte CQ data of ",
+                                                   rails_[0].provider));
+  }
+  if (req.immediate && cq_data_size_ == 0) {
+    return absl::UnimplementedError(rails_[0].provider + " carries no immediate data");
+  }
+  for (const Extent& e : req.dst) {
+    if (e.region >= req.dst_regions.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("destination extent names region ", e.region, " of ",
+                       req.dst_regions.size()));
+    }
+    if (!InBounds(e.offset, e.length, req.dst_regions[e.region].length)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "destination extent [", e.offset, ", +", e.length, ") is outside its region of ",
+          req.dst_regions[e.region].length, " bytes"));
+    }
+  }
+
+  struct LocalRegion {
+    char* addr;
+    std::vector<void*> descs;
+  };
+  absl::flat_hash_map<RegionId, LocalRegion> local;
+  std::vector<uint64_t> fi_addrs;
+  size_t remote_rails;
+  auto state = std::make_shared<TransferState>();
+  {
+    absl::MutexLock lock(&mu_);
+    auto peer = peers_.find(req.peer);
+    if (peer == peers_.end()) return absl::NotFoundError(absl::StrCat("no peer ", req.peer));
+    fi_addrs = peer->second.fi_addrs;
+    remote_rails = peer->second.address.rails.size();
+    for (const RegionDescriptor& d : req.dst_regions) {
+      if (d.keys.size() < remote_rails) {
+        return absl::InvalidArgumentError(absl::StrCat("destination region has ", d.keys.size(),
+                                                       " keys for ", remote_rails, " rails"));
+      }
+    }
+    for (const Extent& e : req.src) {
+      auto it = regions_.find(e.region);
+      if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", e.region));
+      if (!InBounds(e.offset, e.length, it->second->length)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "source extent [", e.offset, ", +", e.length, ") is outside region ", e.region,
+            " of ", it->second->length, " bytes"));
+      }
+      local.try_emplace(e.region, LocalRegion{it->second->addr, it->second->descs});
+    }
+    ASSIGN_OR_RETURN(Plan plan, MakePlan(req.src, req.dst, {rails_.size(), max_write_}));
+    if (plan.writes == 0 && req.immediate) {
+      return absl::InvalidArgumentError("an immediate needs at least one byte to carry it");
+    }
+    for (auto& [id, region] : local) {
+      ++regions_[id]->pins;
+      state->pinned.push_back(id);
+    }
+    state->id = next_transfer_++;
+
+    // Built under the lock only because it follows the plan; no libfabric call here.
+    state->peer = req.peer;
+    state->start = now;
+    state->deadline = req.deadline == absl::InfiniteFuture() ? now + kDefaultTransferDeadline
+                                                             : req.deadline;
+    state->engine = this;
+    {
+      absl::MutexLock slock(&state->mu);
+      state->stats.bytes = plan.bytes;
+      state->stats.writes = plan.writes;
+      state->stats.bytes_per_rail.resize(rails_.size());
+      for (size_t r = 0; r < rails_.size(); ++r) {
+        for (const PlannedWrite& w : plan.rails[r]) state->stats.bytes_per_rail[r] += w.length;
+      }
+    }
+    if (plan.writes == 0) {
+      for (auto& [id, region] : local) --regions_[id]->pins;
+      state->Finish(absl::OkStatus());
+      return Transfer(state);
+    }
+    std::vector<std::unique_ptr<Part>> parts(groups_.size());
+    for (size_t r = 0; r < rails_.size(); ++r) {
+      auto& part = parts[rail_refs_[r].group];
+      if (!part) {
+        part = std::make_unique<Part>();
+        part->transfer = state;
+      }
+      part->unresolved += plan.rails[r].size();
+    }
+    for (auto& part : parts) {
+      if (part) part->ops.reserve(part->unresolved);
+    }
+    size_t last_rail = 0;
+    for (size_t r = 0; r < rails_.size(); ++r) {
+      Part& part = *parts[rail_refs_[r].group];
+      for (const PlannedWrite& w : plan.rails[r]) {
+        const RegionDescriptor& dst = req.dst_regions[w.dst_region];
+        WriteOp& op = part.ops.emplace_back();
+        op.kind = OpKind::kWrite;
+        op.part = &part;
+        op.rail = rail_refs_[r].index_in_group;
+        op.local = local[w.src_region].addr + w.src_offset;
+        op.desc = local[w.src_region].descs[r];
+        op.length = w.length;
+        op.remote_addr = dst.RemoteAddress(w.dst_offset);
+        op.key = dst.keys[r % remote_rails];
+        op.dest = fi_addrs[r];
+        last_rail = r;
+      }
+    }
+    if (req.immediate) {
+      Part& part = *parts[rail_refs_[last_rail].group];
+      WriteOp& tail = part.ops.back();
+      tail.immediate = true;
+      tail.data = *req.immediate;
+      state->tail = &tail;
+      state->tail_group = groups_[rail_refs_[last_rail].group].get();
+    }
+    int alive = 0, data_pending = 0;
+    for (auto& part : parts) {
+      if (!part) continue;
+      part->data_unresolved = part->unresolved;
+      if (state->tail != nullptr && state->tail->part == part.get()) --part->data_unresolved;
+      ++alive;
+      if (part->data_unresolved > 0) ++data_pending;
+    }
+    state->parts_alive.store(alive);
+    state->parts_data_pending.store(data_pending);
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (!parts[g]) continue;
+      groups_[g]->Run([p = std::move(parts[g])](ProgressGroup& pg) mutable {
+        pg.AddPart(std::move(p));
+      });
+    }
+  }
+  return Transfer(state);
+}
+
+absl::StatusOr<TransferStats> Engine::Write(TransferRequest request) {
+  ASSIGN_OR_RETURN(Transfer t, Submit(std::move(request)));
+  return t.Wait();
+}
+
+absl::Status Engine::SendControl(PeerId peer, std::string_view payload, absl::Time deadline) {
+  if (payload.size() > options_.max_control) {
+    return absl::InvalidArgumentError(absl::StrCat("control payload of ", payload.size(),
+                                                   " bytes exceeds ", options_.max_control));
+  }
+  fi_addr_t dest;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) return absl::NotFoundError(absl::StrCat("no peer ", peer));
+    dest = it->second.fi_addrs[0];
+  }
+  auto done = std::make_shared<Completion>();
+  const RailRef ref = rail_refs_[0];
+  groups_[ref.group]->Run(
+      [ref, dest, done, msg = EncodeControl(ControlType::kUser, node_id_, payload)](
+          ProgressGroup& pg) mutable { pg.QueueSend(ref.index_in_group, dest, std::move(msg), done); });
+  return done->Wait(deadline);
+}
+
+void Engine::OnControl(std::string_view frame) {
+  auto msg = DecodeControl(frame);
+  if (!msg.ok()) {
+    spdlog::warn("dropped control message: {}", msg.status().ToString());
+    return;
+  }
+  if (msg->type == ControlType::kUser && options_.on_control) {
+    options_.on_control(msg->sender, msg->payload);
+  }
+}
+
+void Engine::OnImmediate(uint64_t tag) {
+  std::shared_ptr<ImmediateCounter> fired_counter;
+  {
+    absl::MutexLock lock(&imm_mu_);
+    auto it = imm_counters_.find(tag);
+    if (it == imm_counters_.end()) {
+      ++imm_unclaimed_[tag];
+      return;
+    }
+    bool fired = false;
+    if (it->second->Add(1, &fired) > 0) ++imm_unclaimed_[tag];
+    if (fired) {
+      fired_counter = std::move(it->second);
+      imm_counters_.erase(it);
+    }
+  }
+  if (fired_counter && fired_counter->on_fire_) fired_counter->on_fire_();
+}
+
+absl::StatusOr<std::shared_ptr<ImmediateCounter>> Engine::ExpectImmediates(
+    uint64_t tag, uint64_t count, std::function<void()> on_fire) {
+  if (count == 0) return absl::InvalidArgumentError("an immediate counter needs a count");
+  std::shared_ptr<ImmediateCounter> counter(new ImmediateCounter(count, std::move(on_fire)));
+  bool fired = false;
+  {
+    absl::MutexLock lock(&imm_mu_);
+    if (imm_counters_.contains(tag)) {
+      return absl::AlreadyExistsError(absl::StrCat("a counter for immediate ", tag, " is armed"));
+    }
+    auto unclaimed = imm_unclaimed_.find(tag);
+    if (unclaimed != imm_unclaimed_.end()) {
+      const uint64_t left = counter->Add(unclaimed->second, &fired);
+      if (left == 0) {
+        imm_unclaimed_.erase(unclaimed);
+      } else {
+        unclaimed->second = left;
+      }
+    }
+    if (!fired) imm_counters_.emplace(tag, counter);
+  }
+  if (fired && counter->on_fire_) counter->on_fire_();
+  return counter;
+}
+
+}  // namespace ferry::engine

@@ -1,0 +1,235 @@
+// The data plane: multi-rail one-sided RDMA WRITEs over libfabric.
+#ifndef FERRY_ENGINE_ENGINE_H_
+#define FERRY_ENGINE_ENGINE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/types.h"
+
+namespace ferry::engine {
+
+class ProgressGroup;
+struct TransferState;
+struct RegionEntry;
+
+struct EngineOptions {
+  // "auto", "efa", "verbs", "tcp" (tcp;ofi_rxm) or "shm". Default: "tcp".
+  std::string provider = "tcp";
+  // libfabric domains to open rails on, e.g. {"lo"} or {"rdmap16s27", ...}; rails cycle over
+  // them, so N rails on one domain is allowed (tests). Default: empty (every domain listed).
+  std::vector<std::string> domains;
+  // Number of rails; 0 opens one per domain. Default: 1.
+  size_t rails = 1;
+  // Progress threads; rails are dealt to them round robin (a rail group per thread).
+  // Default: 1.
+  size_t progress_threads = 1;
+  // This engine's node id, carried in region descriptors and control messages. Default: empty
+  // (a random id is chosen).
+  std::string node_id;
+  // Longest single WRITE; capped by the provider's max_msg_size. Default: 1 MiB.
+  uint64_t max_write = uint64_t{1} << 20;
+  // WRITEs in flight per rail; capped by the provider's tx size. Default: 0 (the tx size).
+  size_t tx_depth = 0;
+  // Pre-posted control receive buffers per rail. Default: 64.
+  size_t recv_pool = 64;
+  // Largest control message payload. Default: 4096.
+  size_t max_control = 4096;
+  // Called on a progress thread for every control message a peer sends: sender's node id and
+  // the payload. Must not block. Default: none (messages are dropped).
+  std::function<void(std::string_view sender, std::string_view payload)> on_control;
+};
+
+// One rail as a peer sees it.
+struct RailInfo {
+  std::string provider;  // libfabric provider name, e.g. "tcp;ofi_rxm"
+  std::string fabric;    // fabric name
+  std::string domain;    // domain name (one NIC)
+  std::string address;   // raw endpoint name from fi_getname
+  uint64_t max_msg_size = 0;
+  size_t tx_depth = 0;   // WRITEs in flight this engine allows on the rail
+  size_t inject_size = 0;
+  uint64_t mr_mode = 0;  // the mr_mode bits the provider granted
+  size_t cq_data_size = 0;
+};
+
+// How to reach a peer: its node id and one address per rail (RailInfo::address).
+struct PeerAddress {
+  std::string node;
+  std::vector<std::string> rails;
+};
+
+struct TransferStats {
+  uint64_t bytes = 0;
+  uint64_t writes = 0;
+  double seconds = 0;  // from submission to the last completion
+  std::vector<uint64_t> bytes_per_rail;
+};
+
+// What to move: local source extents (region = RegionId) into remote destination extents
+// (region = index into dst_regions).
+struct TransferRequest {
+  PeerId peer = 0;
+  std::vector<Extent> src;
+  std::vector<RegionDescriptor> dst_regions;
+  std::vector<Extent> dst;
+  // The transfer fails with kDeadlineExceeded if it has not completed by then.
+  // Default: 60 s from submission.
+  absl::Time deadline = absl::InfiniteFuture();
+  // When set, exactly one WRITE with this immediate data lands at the destination, after
+  // every other byte of the transfer has landed (ImmediateCounter counts them). Must fit the
+  // provider's cq_data_size.
+  std::optional<uint64_t> immediate;
+};
+
+// A submitted transfer. Thread-safe.
+class Transfer {
+ public:
+  explicit Transfer(std::shared_ptr<TransferState> state) : state_(std::move(state)) {}
+  // Waits until the transfer completes, fails, is cancelled, or `deadline` passes (then
+  // kDeadlineExceeded; the transfer goes on). Failures: kDeadlineExceeded (its own deadline),
+  // kCancelled, kUnavailable (peer unreachable or removed), kInternal / others from the CQ.
+  absl::StatusOr<TransferStats> Wait(absl::Time deadline = absl::InfiniteFuture()) const;
+  bool Done() const;
+  // Fails the transfer with kCancelled unless it has already finished. WRITEs already posted
+  // may still land.
+  void Cancel();
+
+ private:
+  std::shared_ptr<TransferState> state_;  // shared with the progress threads that run it
+};
+
+// Counts immediates with one value landing on this engine; fires once the count is reached.
+// Thread-safe.
+class ImmediateCounter {
+ public:
+  // kOk once `count` immediates have landed; kDeadlineExceeded if `deadline` passes first.
+  absl::Status Wait(absl::Time deadline) const;
+  uint64_t arrived() const;
+
+ private:
+  friend class Engine;
+  ImmediateCounter(uint64_t count, std::function<void()> on_fire)
+      : count_(count), on_fire_(std::move(on_fire)) {}
+  // Adds up to n arrivals; returns how many it did not need and sets *fired when this call
+  // reached the count.
+  uint64_t Add(uint64_t n, bool* fired);
+
+  const uint64_t count_;
+  std::function<void()> on_fire_;
+  mutable absl::Mutex mu_;
+  uint64_t arrived_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Moves bytes between registered local memory and remote peers over one or more rails (one
+// libfabric domain, endpoint, CQ and AV each). Thread-safe: calls queue work for the progress
+// threads, which alone touch libfabric objects (FI_THREAD_DOMAIN).
+class Engine {
+ public:
+  // Opens the rails, starts the progress threads and pre-posts the control receive pools.
+  // kInvalidArgument: bad options. kNotFound: no provider/domain matches. kUnimplemented: the
+  // provider needs something ferry does not support (FI_MR_RAW).
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
+  // Fails transfers still running with kCancelled, stops and joins the progress threads, which
+  // close every MR and rail they own.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const std::string& node_id() const { return node_id_; }
+  const std::vector<RailInfo>& rails() const { return rails_; }
+  PeerAddress address() const;
+
+  // Registers [addr, addr + length) on every rail. The memory must stay valid until
+  // DeregisterMemory. kInvalidArgument: null, empty or wrapping range. kUnimplemented: device memory the build or provider cannot register.
+  // kResourceExhausted: the provider refused an MR.
+  absl::StatusOr<RegionId> RegisterMemory(void* addr, size_t length, Device device);
+  // kNotFound: unknown id. kFailedPrecondition: a running transfer uses the region.
+  absl::Status DeregisterMemory(RegionId id);
+  // kNotFound: unknown id.
+  absl::StatusOr<RegionDescriptor> Describe(RegionId id) const;
+
+  // Inserts the peer into every rail's AV (local rail i talks to the peer's rail i mod its
+  // rail count) and warms every rail pair with one small message, waiting for all of them.
+  // Adding the same address again returns the same id. kInvalidArgument: no rails or a bad
+  // address. kUnavailable / kDeadlineExceeded: the warm-up did not complete.
+  absl::StatusOr<PeerId> AddPeer(const PeerAddress& peer,
+                                 absl::Time deadline = absl::InfiniteFuture());
+  // Fails running transfers to the peer with kUnavailable and removes it from the AVs.
+  // kNotFound: unknown id.
+  absl::Status RemovePeer(PeerId peer);
+
+  // Checks, plans and queues a transfer. kInvalidArgument: sizes differ, extent out of its
+  // region's bounds or naming no destination region, immediate too wide or on an empty
+  // transfer, a descriptor with fewer keys than the peer has rails.
+  // kNotFound: unknown peer or local region.
+  absl::StatusOr<Transfer> Submit(TransferRequest request);
+  // Submit, then Wait.
+  absl::StatusOr<TransferStats> Write(TransferRequest request);
+
+  // Sends one control message to the peer (two-sided SEND on rail 0) and waits for its local
+  // completion. kInvalidArgument: payload over max_control. kNotFound: unknown peer.
+  absl::Status SendControl(PeerId peer, std::string_view payload,
+                           absl::Time deadline = absl::InfiniteFuture());
+
+  // A counter that fires (runs `on_fire` once, on the thread that sees the count reached: a
+  // progress thread, or this one) when `count` immediates with value `tag` have landed. Immediates that landed before the counter existed count.
+  // kAlreadyExists: a counter for `tag` is armed. kInvalidArgument: count is 0.
+  absl::StatusOr<std::shared_ptr<ImmediateCounter>> ExpectImmediates(
+      uint64_t tag, uint64_t count, std::function<void()> on_fire = nullptr);
+
+ private:
+  friend class ProgressGroup;
+  explicit Engine(const EngineOptions& options);
+
+  // Called by progress threads.
+  void OnImmediate(uint64_t tag);
+  void OnControl(std::string_view frame);
+  void ReleaseRegions(const std::vector<RegionId>& regions);
+
+  struct Peer {
+    PeerAddress address;
+    std::vector<uint64_t> fi_addrs;  // per local rail
+  };
+  struct RailRef {
+    size_t group;
+    size_t index_in_group;
+  };
+
+  const EngineOptions options_;
+  std::string node_id_;
+  std::vector<RailInfo> rails_;
+  std::vector<RailRef> rail_refs_;
+  uint64_t max_write_ = 0;
+  size_t cq_data_size_ = 0;  // bytes of immediate data every rail carries
+
+  mutable absl::Mutex mu_;
+  RegionId next_region_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<RegionId, std::unique_ptr<RegionEntry>> regions_ ABSL_GUARDED_BY(mu_);
+  PeerId next_peer_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<PeerId, Peer> peers_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_transfer_ ABSL_GUARDED_BY(mu_) = 1;
+
+  absl::Mutex imm_mu_;
+  absl::flat_hash_map<uint64_t, uint64_t> imm_unclaimed_ ABSL_GUARDED_BY(imm_mu_);
+  // shared with the caller, who waits on it
+  absl::flat_hash_map<uint64_t, std::shared_ptr<ImmediateCounter>> imm_counters_
+      ABSL_GUARDED_BY(imm_mu_);
+
+  std::vector<std::unique_ptr<ProgressGroup>> groups_;
+};
+
+}  // namespace ferry::engine
+
+#endif  // FERRY_ENGINE_ENGINE_H_

@@ -1,0 +1,99 @@
+#include "engine/fabric.h"
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace ferry::engine {
+
+void CloseFid(fid_t fid, const char* what) {
+  int rc = fi_close(fid);
+  if (rc != 0) spdlog::warn("fi_close({}) failed: {}", what, fi_strerror(-rc));
+}
+
+absl::Status FiError(ssize_t rc, std::string_view call) {
+  const int err = static_cast<int>(rc < 0 ? -rc : rc);
+  std::string msg = absl::StrCat(std::string(call), ": ", fi_strerror(err), " (", err, ")");
+  switch (err) {
+    case FI_EAGAIN:
+    case FI_ECONNREFUSED:
+    case FI_ECONNRESET:
+    case FI_ECONNABORTED:
+    case FI_EHOSTUNREACH:
+    case FI_ENOTCONN:
+    case FI_ESHUTDOWN:
+      return absl::UnavailableError(msg);
+    case FI_ENOMEM:
+    case FI_ENOSPC:
+      return absl::ResourceExhaustedError(msg);
+    case FI_ENOSYS:
+    case FI_EOPNOTSUPP:
+      return absl::UnimplementedError(msg);
+    case FI_ENODATA:
+    case FI_ENOENT:
+      return absl::NotFoundError(msg);
+    case FI_EINVAL:
+    case FI_EMSGSIZE:
+      return absl::InvalidArgumentError(msg);
+    case FI_ETIMEDOUT:
+      return absl::DeadlineExceededError(msg);
+    case FI_ECANCELED:
+      return absl::CancelledError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+absl::StatusOr<std::string> ProviderFilter(std::string_view provider) {
+  if (provider == "tcp") return std::string("tcp;ofi_rxm");
+  if (provider == "verbs") return std::string("verbs;ofi_rxm");
+  if (provider == "efa" || provider == "shm") return std::string(provider);
+  if (provider == "auto") return std::string();
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown provider '", std::string(provider), "': want auto, efa, verbs, tcp or shm"));
+}
+
+bool ProviderAvailable(std::string_view provider) {
+  auto filter = ProviderFilter(provider);
+  if (!filter.ok()) return false;
+  InfoPtr hints(fi_allocinfo());
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_MSG | FI_RMA;
+  if (!filter->empty()) hints->fabric_attr->prov_name = strdup(filter->c_str());
+  fi_info* info = nullptr;
+  int rc = fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints.get(), &info);
+  InfoPtr owned(info);
+  return rc == 0 && info != nullptr;
+}
+
+std::string HexEncode(std::string_view bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (char ch : bytes) {
+    const auto c = static_cast<unsigned char>(ch);
+    out.push_back(kDigits[c >> 4]);
+    out.push_back(kDigits[c & 0xf]);
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> HexDecode(std::string_view hex) {
+  if (hex.size() % 2 != 0) return absl::InvalidArgumentError("hex string of odd length");
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out(hex.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i) {
+    int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return absl::InvalidArgumentError("not a hex string");
+    out[i] = static_cast<char>((hi << 4) | lo);
+  }
+  return out;
+}
+
+}  // namespace ferry::engine

@@ -1,0 +1,61 @@
+// Thin RAII and error helpers around libfabric objects. Used only by progress threads and by
+// the code that opens rails on them.
+#ifndef FERRY_ENGINE_FABRIC_H_
+#define FERRY_ENGINE_FABRIC_H_
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ferry::engine {
+
+// The libfabric API version ferry asks for (Debian 12 ships 1.17).
+inline constexpr uint32_t kFiVersion = FI_VERSION(1, 17);
+
+// Closes any fid-based object; logs a non-zero rc (a close has no caller that could act on it).
+void CloseFid(fid_t fid, const char* what);
+
+template <typename T>
+struct FidCloser {
+  void operator()(T* p) const { CloseFid(&p->fid, __PRETTY_FUNCTION__); }
+};
+template <typename T>
+using FidPtr = std::unique_ptr<T, FidCloser<T>>;
+
+struct InfoDeleter {
+  void operator()(fi_info* p) const { fi_freeinfo(p); }
+};
+using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
+
+// Converts a negative libfabric return code into a Status, with the call's name as context.
+// -FI_EAGAIN -> kUnavailable, -FI_ENOMEM -> kResourceExhausted, -FI_ENOSYS / -FI_EOPNOTSUPP ->
+// kUnimplemented, -FI_ENODATA -> kNotFound, -FI_EINVAL -> kInvalidArgument, -FI_ETIMEDOUT ->
+// kDeadlineExceeded, -FI_ECONNREFUSED and the like -> kUnavailable, else kInternal.
+absl::Status FiError(ssize_t rc, std::string_view call);
+
+// Maps the user-facing provider names onto libfabric's: "tcp" -> "tcp;ofi_rxm",
+// "verbs" -> "verbs;ofi_rxm", "efa" and "shm" as they are, "auto" -> "" (any). Unknown names
+// give kInvalidArgument.
+absl::StatusOr<std::string> ProviderFilter(std::string_view provider);
+
+// True when libfabric lists an FI_EP_RDM endpoint with RMA for `provider` (a user-facing name).
+bool ProviderAvailable(std::string_view provider);
+
+// Renders bytes as lowercase hex and back (fabric addresses travel as hex in JSON).
+std::string HexEncode(std::string_view bytes);
+absl::StatusOr<std::string> HexDecode(std::string_view hex);
+
+}  // namespace ferry::engine
+
+#endif  // FERRY_ENGINE_FABRIC_H_

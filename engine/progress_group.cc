@@ -1,0 +1,535 @@
+#include "engine/progress_group.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "engine/control.h"
+#include "engine/status.h"
+#include "spdlog/spdlog.h"
+
+namespace ferry::engine {
+namespace {
+
+// Completions read per fi_cq_read call, and WRITEs posted per burst (FI_MORE on all but the
+// last): the batch sizes of the published 32-NIC EFA program.
+constexpr size_t kCqBatch = 64;
+constexpr size_t kPostBurst = 16;
+// Without work a group blocks; with transfers still open elsewhere it wakes this often to
+// check deadlines. Providers without a wait fd (shm here) are polled at this period when idle.
+constexpr absl::Duration kScanPeriod = absl::Milliseconds(1);
+// After an fd wake-up the loop spins this long before it blocks again: on tcp a stream of
+// incoming WRITEs needs the target to keep calling into the provider (manual progress).
+constexpr absl::Duration kSpinAfterWake = absl::Microseconds(200);
+// Send slots per rail for control messages.
+constexpr size_t kSendSlots = 32;
+
+}  // namespace
+
+void Completion::Set(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  if (done_) return;
+  done_ = true;
+  status_ = std::move(status);
+}
+
+absl::Status Completion::Wait(absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto is_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&is_done), deadline)) {
+    return absl::DeadlineExceededError("wait passed its deadline");
+  }
+  return status_;
+}
+
+bool TransferState::Finish(absl::Status s) {
+  absl::MutexLock lock(&mu);
+  if (done) return false;
+  done = true;
+  status = std::move(s);
+  stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  finished.store(true, std::memory_order_release);
+  return true;
+}
+
+ProgressGroup::ProgressGroup(Engine* engine, size_t index, const EngineOptions& options)
+    : engine_(engine), index_(index), options_(options) {}
+
+absl::StatusOr<std::unique_ptr<ProgressGroup>> ProgressGroup::Start(
+    Engine* engine, size_t index, std::vector<InfoPtr> infos, const EngineOptions& options) {
+  std::unique_ptr<ProgressGroup> group(new ProgressGroup(engine, index, options));
+  group->event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  group->epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (group->event_fd_ < 0 || group->epoll_fd_ < 0) {
+    return absl::InternalError(absl::StrCat("eventfd/epoll_create1: ", strerror(errno)));
+  }
+  epoll_event ev = {};
+  ev.events = EPOLLIN;
+  ev.data.fd = group->event_fd_;
+  epoll_ctl(group->epoll_fd_, EPOLL_CTL_ADD, group->event_fd_, &ev);
+  Completion opened;
+  group->thread_ = std::thread(&ProgressGroup::Main, group.get(), std::move(infos), &opened);
+  absl::Status s = opened.Wait(absl::InfiniteFuture());
+  if (!s.ok()) return s;  // the destructor joins the thread, which has already returned
+  return group;
+}
+
+ProgressGroup::~ProgressGroup() {
+  stop_.store(true);
+  if (event_fd_ >= 0) {
+    uint64_t one = 1;
+    IgnoreError(write(event_fd_, &one, sizeof(one)) == sizeof(one) ? absl::OkStatus()
+                                                                   : absl::InternalError("wake"));
+  }
+  if (thread_.joinable()) thread_.join();
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (event_fd_ >= 0) close(event_fd_);
+}
+
+void ProgressGroup::Run(Command command) {
+  {
+    absl::MutexLock lock(&inbox_mu_);
+    inbox_.push_back(std::move(command));
+  }
+  uint64_t one = 1;
+  // A full eventfd counter still wakes the thread; nothing to do on failure.
+  if (write(event_fd_, &one, sizeof(one)) < 0) {
+  }
+}
+
+absl::Status ProgressGroup::RunAndWait(absl::AnyInvocable<absl::Status(ProgressGroup&)> fn) {
+  // shared with the progress thread, which may outlive this frame only until it sets it
+  auto done = std::make_shared<Completion>();
+  Run([fn = std::move(fn), done](ProgressGroup& g) mutable { done->Set(fn(g)); });
+  return done->Wait(absl::InfiniteFuture());
+}
+
+absl::Status ProgressGroup::OpenRails(std::vector<InfoPtr> infos) {
+  control_slot_ = ControlFrameCapacity(options_.max_control);
+  for (InfoPtr& info : infos) {
+    auto rs = std::make_unique<RailState>();
+    ASSIGN_OR_RETURN(rs->rail, Rail::Open(*info, options_.tx_depth));
+    rs->depth = rs->rail->rail_info().tx_depth;
+    const size_t nrecv = std::max<size_t>(options_.recv_pool, 1);
+    rs->arena.resize((nrecv + kSendSlots) * control_slot_);
+    ASSIGN_OR_RETURN(rs->arena_mr,
+                     rs->rail->Register(rs->arena.data(), rs->arena.size(), NextMrKey()));
+    rs->recvs.resize(nrecv);
+    for (size_t i = 0; i < nrecv; ++i) {
+      rs->recvs[i].kind = OpKind::kRecv;
+      rs->recvs[i].buffer = rs->arena.data() + i * control_slot_;
+    }
+    rs->sends.resize(kSendSlots);
+    for (size_t i = 0; i < kSendSlots; ++i) {
+      rs->sends[i].kind = OpKind::kSend;
+      rs->sends[i].slot = i;
+      rs->free_sends.push_back(i);
+    }
+    for (RecvOp& op : rs->recvs) PostRecv(*rs, op);
+    if (rs->rail->wait_fd() >= 0) {
+      epoll_event ev = {};
+      ev.events = EPOLLIN;
+      ev.data.fd = rs->rail->wait_fd();
+      if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, rs->rail->wait_fd(), &ev) != 0) {
+        return absl::InternalError(absl::StrCat("epoll_ctl: ", strerror(errno)));
+      }
+    } else {
+      all_fd_ = false;
+    }
+    rails_.push_back(std::move(rs));
+  }
+  return absl::OkStatus();
+}
+
+void ProgressGroup::Main(std::vector<InfoPtr> infos, Completion* opened) {
+  absl::Status s = OpenRails(std::move(infos));
+  if (!s.ok()) {
+    Shutdown();
+    opened->Set(s);
+    return;
+  }
+  opened->Set(absl::OkStatus());
+  absl::Time spin_until = absl::InfinitePast();
+  while (!stop_.load(std::memory_order_relaxed)) {
+    bool worked = DrainInbox();
+    bool busy = false;
+    for (auto& rs : rails_) {
+      worked |= PollCq(*rs) > 0;
+      worked |= PostWrites(*rs);
+      worked |= PostSends(*rs);
+      busy |= rs->in_flight > 0 || !rs->queue.empty() || !rs->pending_sends.empty();
+    }
+    if (!parts_.empty()) {
+      absl::Time now = absl::Now();
+      if (now >= next_scan_) {
+        ScanParts();
+        next_scan_ = now + kScanPeriod;
+      }
+    }
+    if (!retiring_.empty()) ReapParts();
+    if (worked || busy) continue;  // spin while there is work
+    if (absl::Now() < spin_until) continue;
+    Block(!parts_.empty());
+    spin_until = absl::Now() + kSpinAfterWake;
+  }
+  Shutdown();
+}
+
+void ProgressGroup::Block(bool has_parts) {
+  int timeout_ms = has_parts ? static_cast<int>(absl::ToInt64Milliseconds(kScanPeriod)) : 1000;
+  if (all_fd_) {
+    // fi_trywait(3): only block on the fds when the provider says nothing is pending inside.
+    for (auto& rs : rails_) {
+      fid* f = &rs->rail->cq()->fid;
+      if (fi_trywait(rs->rail->fabric(), &f, 1) != FI_SUCCESS) return;
+    }
+  } else {
+    timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(kScanPeriod));
+  }
+  epoll_event events[8];
+  int n = epoll_wait(epoll_fd_, events, 8, timeout_ms);
+  for (int i = 0; i < n; ++i) {
+    if (events[i].data.fd == event_fd_) {
+      uint64_t count;
+      if (read(event_fd_, &count, sizeof(count)) < 0) {
+      }
+    }
+  }
+}
+
+bool ProgressGroup::DrainInbox() {
+  std::deque<Command> batch;
+  {
+    absl::MutexLock lock(&inbox_mu_);
+    if (inbox_.empty()) return false;
+    batch.swap(inbox_);
+  }
+  for (Command& c : batch) c(*this);
+  return true;
+}
+
+void ProgressGroup::PostRecv(RailState& rs, RecvOp& op) {
+  ssize_t rc;
+  do {
+    rc = fi_recv(rs.rail->ep(), op.buffer, control_slot_, rs.arena_mr.desc, FI_ADDR_UNSPEC,
+                 &op.ctx);
+    if (rc == -FI_EAGAIN) fi_cq_read(rs.rail->cq(), nullptr, 0);  // progress, then retry
+  } while (rc == -FI_EAGAIN && !stop_.load(std::memory_order_relaxed));
+  if (rc != 0 && rc != -FI_EAGAIN) spdlog::error("{}", FiError(rc, "fi_recv").ToString());
+}
+
+size_t ProgressGroup::PollCq(RailState& rs) {
+  fi_cq_data_entry entries[kCqBatch];
+  ssize_t n = fi_cq_read(rs.rail->cq(), entries, kCqBatch);
+  if (n == -FI_EAGAIN) return 0;
+  if (n == -FI_EAVAIL) {
+    fi_cq_err_entry err = {};
+    if (fi_cq_readerr(rs.rail->cq(), &err, 0) != 1) return 0;
+    auto* op = static_cast<OpBase*>(err.op_context);
+    char buf[256];
+    const char* detail = fi_cq_strerror(rs.rail->cq(), err.prov_errno, err.err_data, buf,
+                                        sizeof(buf));
+    absl::Status s = FiError(err.err, absl::StrCat("completion error (prov_errno ", err.prov_errno,
+                                                   ": ", detail ? detail : "?", ")"));
+    // A provider that cancels or fails an operation (rxm flushes a dead connection's WRITEs
+    // with FI_ECANCELED) means the peer or the path went away: the caller should retry later.
+    // The user's own Transfer::Cancel never reaches the CQ.
+    if (s.code() == absl::StatusCode::kInternal || s.code() == absl::StatusCode::kUnknown ||
+        s.code() == absl::StatusCode::kCancelled) {
+      s = absl::UnavailableError(s.message());
+    }
+    if (op == nullptr) return 1;
+    switch (op->kind) {
+      case OpKind::kWrite:
+        OnWriteDone(static_cast<WriteOp*>(op), s);
+        break;
+      case OpKind::kSend: {
+        auto* send = static_cast<SendOp*>(op);
+        send->done->Set(s);
+        send->done.reset();
+        rs.free_sends.push_back(send->slot);
+        break;
+      }
+      case OpKind::kRecv:
+        if (err.err != FI_ECANCELED) PostRecv(rs, *static_cast<RecvOp*>(op));
+        break;
+    }
+    return 1;
+  }
+  if (n < 0) {
+    spdlog::error("{}", FiError(n, "fi_cq_read").ToString());
+    return 0;
+  }
+  for (ssize_t i = 0; i < n; ++i) {
+    const fi_cq_data_entry& e = entries[i];
+    auto* op = static_cast<OpBase*>(e.op_context);
+    if (e.flags & FI_REMOTE_CQ_DATA) {
+      engine_->OnImmediate(e.data);
+      // With FI_RX_CQ_DATA the immediate consumed a posted receive: put it back.
+      if (op != nullptr && op->kind == OpKind::kRecv) PostRecv(rs, *static_cast<RecvOp*>(op));
+      continue;
+    }
+    if (op == nullptr) continue;
+    switch (op->kind) {
+      case OpKind::kWrite:
+        OnWriteDone(static_cast<WriteOp*>(op), absl::OkStatus());
+        break;
+      case OpKind::kSend: {
+        auto* send = static_cast<SendOp*>(op);
+        send->done->Set(absl::OkStatus());
+        send->done.reset();
+        rs.free_sends.push_back(send->slot);
+        break;
+      }
+      case OpKind::kRecv: {
+        auto* recv = static_cast<RecvOp*>(op);
+        engine_->OnControl(std::string_view(recv->buffer, e.len));
+        PostRecv(rs, *recv);
+        break;
+      }
+    }
+  }
+  return static_cast<size_t>(n);
+}
+
+WriteOp* ProgressGroup::PopLive(RailState& rs) {
+  // KillPart purges a dead part's queued WRITEs, so the front is always live.
+  return rs.queue.empty() ? nullptr : rs.queue.front();
+}
+
+bool ProgressGroup::PostWrites(RailState& rs) {
+  // Lazy posting: after every CQ poll, post queued WRITEs until the tx depth is reached or
+  // the provider answers -FI_EAGAIN. The op stays queued on -FI_EAGAIN, so nothing is lost.
+  bool posted = false;
+  size_t burst = 0;
+  WriteOp* op = PopLive(rs);
+  while (op != nullptr && rs.in_flight < rs.depth) {
+    rs.queue.pop_front();
+    WriteOp* next = PopLive(rs);
+    ++burst;
+    const bool more = next != nullptr && burst < kPostBurst && rs.in_flight + 1 < rs.depth;
+    iovec iov = {op->local, op->length};
+    fi_rma_iov rma = {op->remote_addr, op->length, op->key};
+    fi_msg_rma msg = {};
+    msg.msg_iov = &iov;
+    msg.desc = &op->desc;
+    msg.iov_count = 1;
+    msg.addr = op->dest;
+    msg.rma_iov = &rma;
+    msg.rma_iov_count = 1;
+    msg.context = &op->ctx;
+    msg.data = op->data;
+    uint64_t flags = rs.rail->completion_flags() | FI_COMPLETION;
+    if (more) flags |= FI_MORE;
+    if (op->immediate) flags |= FI_REMOTE_CQ_DATA;
+    ssize_t rc = fi_writemsg(rs.rail->ep(), &msg, flags);
+    if (rc == -FI_EAGAIN) {
+      rs.queue.push_front(op);
+      break;
+    }
+    if (burst == kPostBurst) burst = 0;
+    ++rs.in_flight;
+    if (rc != 0) {
+      OnWriteDone(op, FiError(rc, "fi_writemsg"));
+      next = PopLive(rs);  // the failure may have purged the queue
+    } else {
+      posted = true;
+    }
+    op = next;
+  }
+  return posted;
+}
+
+bool ProgressGroup::PostSends(RailState& rs) {
+  bool posted = false;
+  while (!rs.pending_sends.empty()) {
+    SendOp* op = rs.pending_sends.front();
+    char* buf = rs.arena.data() + (rs.recvs.size() + op->slot) * control_slot_;
+    ssize_t rc = fi_send(rs.rail->ep(), buf, op->length, rs.arena_mr.desc, op->dest, &op->ctx);
+    if (rc == -FI_EAGAIN) break;
+    rs.pending_sends.pop_front();
+    if (rc != 0) {
+      op->done->Set(FiError(rc, "fi_send"));
+      op->done.reset();
+      rs.free_sends.push_back(op->slot);
+      continue;
+    }
+    posted = true;
+  }
+  return posted;
+}
+
+void ProgressGroup::QueueSend(size_t rail, fi_addr_t dest, std::string message,
+                              std::shared_ptr<Completion> done) {
+  RailState& rs = *rails_[rail];
+  if (message.size() > control_slot_) {
+    done->Set(absl::InvalidArgumentError("control message too large"));
+    return;
+  }
+  if (rs.free_sends.empty()) {
+    done->Set(absl::ResourceExhaustedError("all control send slots are in use"));
+    return;
+  }
+  SendOp& op = rs.sends[rs.free_sends.back()];
+  rs.free_sends.pop_back();
+  op.length = message.size();
+  op.dest = dest;
+  op.done = std::move(done);
+  memcpy(rs.arena.data() + (rs.recvs.size() + op.slot) * control_slot_, message.data(),
+         message.size());
+  rs.pending_sends.push_back(&op);
+  PostSends(rs);
+}
+
+void ProgressGroup::AddPart(std::unique_ptr<Part> part) {
+  Part* p = part.get();
+  parts_.emplace(p, std::move(part));
+  TransferState& t = *p->transfer;
+  for (WriteOp& op : p->ops) {
+    if (&op == t.tail) continue;
+    rails_[op.rail]->queue.push_back(&op);
+  }
+  if (p->data_unresolved == 0 && t.tail != nullptr && t.tail->part == p &&
+      t.parts_data_pending.load() == 0) {
+    QueueTail(p->transfer);  // the tail is the transfer's only WRITE
+  }
+  for (auto& rs : rails_) PostWrites(*rs);
+}
+
+void ProgressGroup::QueueTail(const std::shared_ptr<TransferState>& transfer) {
+  // A finished transfer's tail part is killed (and may be freed) by this group's ScanParts:
+  // look at nothing of it here. Unfinished, the part is alive: its tail is unresolved.
+  if (transfer->finished.load(std::memory_order_acquire)) return;
+  WriteOp* tail = transfer->tail;
+  tail->part->tail_posted = true;
+  rails_[tail->rail]->queue.push_back(tail);
+}
+
+void ProgressGroup::OnWriteDone(WriteOp* op, const absl::Status& status) {
+  RailState& rs = *rails_[op->rail];
+  --rs.in_flight;
+  Part* part = op->part;
+  std::shared_ptr<TransferState> t = part->transfer;  // keeps t alive past ResolveOp
+  if (!status.ok()) t->Finish(status);
+  const bool is_tail = t->tail == op;
+  if (is_tail && status.ok()) t->Finish(absl::OkStatus());
+  ResolveOp(part, is_tail);
+}
+
+void ProgressGroup::ResolveOp(Part* part, bool is_tail) {
+  const std::shared_ptr<TransferState>& t = part->transfer;
+  if (!is_tail && --part->data_unresolved == 0 && !part->dead) {
+    if (t->parts_data_pending.fetch_sub(1) == 1) {
+      if (t->tail == nullptr) {
+        t->Finish(absl::OkStatus());
+      } else if (t->tail_group == this) {
+        QueueTail(t);
+      } else {
+        t->tail_group->Run([t](ProgressGroup& g) { g.QueueTail(t); });
+      }
+    }
+  }
+  --part->unresolved;
+  if (!part->dead && t->finished.load(std::memory_order_acquire)) {
+    KillPart(part);
+  } else {
+    MaybeRetire(part);
+  }
+}
+
+void ProgressGroup::KillPart(Part* part) {
+  // The transfer has its result: drop this part's queued WRITEs and a held-back tail; what is
+  // in flight still completes (or fails) through the CQ before the part retires.
+  part->dead = true;
+  TransferState& t = *part->transfer;
+  if (t.tail != nullptr && t.tail->part == part && !part->tail_posted) {
+    part->tail_posted = true;
+    --part->unresolved;
+  }
+  for (auto& rs : rails_) {
+    const size_t before = rs->queue.size();
+    std::erase_if(rs->queue, [part](WriteOp* op) { return op->part == part; });
+    part->unresolved -= before - rs->queue.size();
+  }
+  MaybeRetire(part);
+}
+
+void ProgressGroup::MaybeRetire(Part* part) {
+  if (part->unresolved != 0 || part->retiring) return;
+  part->retiring = true;
+  retiring_.push_back(part);
+}
+
+void ProgressGroup::ReapParts() {
+  // Parts are freed only here, between handlers, so no handler holds a freed one.
+  for (Part* p : retiring_) {
+    std::shared_ptr<TransferState> t = p->transfer;
+    parts_.erase(p);
+    if (t->parts_alive.fetch_sub(1) == 1) t->engine->ReleaseRegions(t->pinned);
+  }
+  retiring_.clear();
+}
+
+void ProgressGroup::ScanParts() {
+  const absl::Time now = absl::Now();
+  std::vector<Part*> to_kill;
+  for (auto& [p, owned] : parts_) {
+    if (p->dead) continue;
+    TransferState& t = *p->transfer;
+    if (!t.finished.load(std::memory_order_acquire) && now >= t.deadline) {
+      t.Finish(absl::DeadlineExceededError(
+          absl::StrCat("transfer ", t.id, " passed its deadline")));
+    }
+    if (t.finished.load(std::memory_order_acquire)) to_kill.push_back(p);
+  }
+  for (Part* p : to_kill) KillPart(p);
+}
+
+void ProgressGroup::FailPeer(PeerId peer, const absl::Status& status) {
+  for (auto& [p, owned] : parts_) {
+    if (p->transfer->peer == peer) p->transfer->Finish(status);
+  }
+  ScanParts();
+}
+
+absl::Status ProgressGroup::RegisterRegion(RegionId id, void* addr, size_t length,
+                                           std::vector<RailMr*>* out) {
+  std::vector<RailMr> mrs;
+  for (auto& rs : rails_) {
+    ASSIGN_OR_RETURN(RailMr mr, rs->rail->Register(addr, length, NextMrKey()));
+    mrs.push_back(std::move(mr));
+  }
+  auto& slot = mrs_[id];
+  slot = std::move(mrs);
+  for (RailMr& mr : slot) out->push_back(&mr);
+  return absl::OkStatus();
+}
+
+void ProgressGroup::DeregisterRegion(RegionId id) { mrs_.erase(id); }
+
+void ProgressGroup::Shutdown() {
+  // Fail what is left; the endpoint's close cancels what is in flight (fi_endpoint(3)).
+  for (auto& [p, owned] : parts_) {
+    p->transfer->Finish(absl::CancelledError("engine shut down"));
+  }
+  for (auto& rs : rails_) {
+    for (SendOp* op : rs->pending_sends) op->done->Set(absl::CancelledError("engine shut down"));
+    for (SendOp& op : rs->sends) {
+      if (op.done) op.done->Set(absl::CancelledError("engine shut down"));
+    }
+  }
+  DrainInbox();  // commands that wait on a Completion must not hang
+  // MRs close before the endpoints they may be bound to (FI_MR_ENDPOINT; fabtests'
+  // ft_close_fids), then each rail closes its endpoint, CQ, AV, domain and fabric.
+  mrs_.clear();
+  for (auto& rs : rails_) rs->arena_mr.mr.reset();
+  rails_.clear();
+  parts_.clear();
+}
+
+}  // namespace ferry::engine

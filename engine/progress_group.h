@@ -1,0 +1,192 @@
+// A progress thread and the rails it owns (a rail group). Internal to the engine.
+#ifndef FERRY_ENGINE_PROGRESS_GROUP_H_
+#define FERRY_ENGINE_PROGRESS_GROUP_H_
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/engine.h"
+#include "engine/rail.h"
+
+namespace ferry::engine {
+
+// A one-shot result another thread waits for. Thread-safe.
+class Completion {
+ public:
+  // Only the first call has an effect.
+  void Set(absl::Status status);
+  // The status Set() gave, or kDeadlineExceeded once `deadline` passes.
+  absl::Status Wait(absl::Time deadline) const;
+
+ private:
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+enum class OpKind : uint8_t { kWrite, kSend, kRecv };
+
+// Every libfabric context starts with fi_context2 (FI_CONTEXT / FI_CONTEXT2 mode: the provider
+// may use it), then the kind, so a completion's op_context tells what finished.
+struct OpBase {
+  fi_context2 ctx;
+  OpKind kind;
+};
+
+struct Part;
+struct WriteOp : OpBase {
+  Part* part = nullptr;
+  size_t rail = 0;  // index within the group
+  void* local = nullptr;
+  void* desc = nullptr;
+  uint64_t length = 0;
+  uint64_t remote_addr = 0;
+  uint64_t key = 0;
+  fi_addr_t dest = FI_ADDR_UNSPEC;
+  bool immediate = false;
+  uint64_t data = 0;
+};
+
+struct SendOp : OpBase {
+  size_t slot = 0;
+  size_t length = 0;
+  fi_addr_t dest = FI_ADDR_UNSPEC;
+  std::shared_ptr<Completion> done;  // shared with the sender, who waits on it
+};
+
+struct RecvOp : OpBase {
+  char* buffer = nullptr;
+};
+
+// Shared by the caller's Transfer handle and every group that runs part of it.
+struct TransferState {
+  uint64_t id = 0;
+  PeerId peer = 0;
+  absl::Time start;
+  absl::Time deadline;
+  Engine* engine = nullptr;
+  std::vector<RegionId> pinned;  // released once every part has retired
+
+  std::atomic<bool> finished{false};       // a result is set: queued work is dropped
+  std::atomic<int> parts_data_pending{0};  // parts whose non-tail WRITEs are not all done
+  std::atomic<int> parts_alive{0};         // parts whose ops are not all resolved
+  // The WRITE that carries the immediate, held back until every other WRITE has completed.
+  WriteOp* tail = nullptr;
+  ProgressGroup* tail_group = nullptr;
+
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  TransferStats stats ABSL_GUARDED_BY(mu);
+
+  // Sets the result once; returns false if one was set already.
+  bool Finish(absl::Status s);
+};
+
+// The share of a transfer on one group. Touched only by that group's thread.
+struct Part {
+  std::shared_ptr<TransferState> transfer;  // shared across the transfer's parts
+  std::vector<WriteOp> ops;  // never resized once queued: ops are libfabric contexts
+  size_t unresolved = 0;     // ops not yet completed, failed or dropped (tail included)
+  size_t data_unresolved = 0;
+  bool dead = false;
+  bool tail_posted = false;
+  bool retiring = false;
+};
+
+// Owns its rails, their queues and the MRs registered on them; runs the progress loop.
+class ProgressGroup {
+ public:
+  using Command = absl::AnyInvocable<void(ProgressGroup&)>;
+
+  // Starts the thread, which opens `infos` as rails (tx_depth 0: the provider's).
+  // kOk once every rail is open and its receive pool is posted.
+  static absl::StatusOr<std::unique_ptr<ProgressGroup>> Start(
+      Engine* engine, size_t index, std::vector<InfoPtr> infos, const EngineOptions& options);
+  // Stops the loop; the thread fails what is left, closes MRs, then rails.
+  ~ProgressGroup();
+
+  // Queues `command` for the progress thread and wakes it. Thread-safe.
+  void Run(Command command);
+  // Runs `fn` on the progress thread and waits for its status. Thread-safe; never call it
+  // from the progress thread.
+  absl::Status RunAndWait(absl::AnyInvocable<absl::Status(ProgressGroup&)> fn);
+
+  size_t rail_count() const { return rails_.size(); }
+  const RailInfo& rail_info(size_t i) const { return rails_[i]->rail->rail_info(); }
+
+  // --- Progress thread only. ---
+  Rail& rail(size_t i) { return *rails_[i]->rail; }
+  absl::Status RegisterRegion(RegionId id, void* addr, size_t length,
+                              std::vector<RailMr*>* out);
+  void DeregisterRegion(RegionId id);
+  void AddPart(std::unique_ptr<Part> part);
+  void QueueTail(const std::shared_ptr<TransferState>& transfer);
+  void FailPeer(PeerId peer, const absl::Status& status);
+  // Posts a control message (already framed) on rail `rail`.
+  void QueueSend(size_t rail, fi_addr_t dest, std::string message,
+                 std::shared_ptr<Completion> done);
+
+ private:
+  struct RailState {
+    std::unique_ptr<Rail> rail;
+    std::deque<WriteOp*> queue;  // the application-level queue: WRITEs not yet posted
+    size_t in_flight = 0;
+    size_t depth = 0;
+    // Control: one registered arena of receive buffers then send slots.
+    std::vector<char> arena;
+    RailMr arena_mr;
+    std::vector<RecvOp> recvs;
+    std::vector<SendOp> sends;
+    std::vector<size_t> free_sends;
+    std::deque<SendOp*> pending_sends;
+  };
+
+  ProgressGroup(Engine* engine, size_t index, const EngineOptions& options);
+  void Main(std::vector<InfoPtr> infos, Completion* opened);
+  absl::Status OpenRails(std::vector<InfoPtr> infos);
+  bool DrainInbox();
+  size_t PollCq(RailState& rs);
+  bool PostWrites(RailState& rs);
+  bool PostSends(RailState& rs);
+  void PostRecv(RailState& rs, RecvOp& op);
+  void OnWriteDone(WriteOp* op, const absl::Status& status);
+  void ResolveOp(Part* part, bool is_tail);
+  void KillPart(Part* part);
+  void MaybeRetire(Part* part);
+  void ReapParts();
+  void ScanParts();
+  void Block(bool has_parts);
+  void Shutdown();
+  WriteOp* PopLive(RailState& rs);
+
+  Engine* const engine_;
+  const size_t index_;
+  const EngineOptions& options_;
+  std::vector<std::unique_ptr<RailState>> rails_;
+  absl::flat_hash_map<RegionId, std::vector<RailMr>> mrs_;  // per region, per rail
+  absl::flat_hash_map<Part*, std::unique_ptr<Part>> parts_;
+  std::vector<Part*> retiring_;  // parts with every op resolved, freed by ReapParts
+  absl::Time next_scan_ = absl::InfinitePast();
+  int epoll_fd_ = -1;
+  int event_fd_ = -1;
+  bool all_fd_ = true;  // every rail's CQ has a wait fd
+  size_t control_slot_ = 0;
+
+  absl::Mutex inbox_mu_;
+  std::deque<Command> inbox_ ABSL_GUARDED_BY(inbox_mu_);
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace ferry::engine
+
+#endif  // FERRY_ENGINE_PROGRESS_GROUP_H_

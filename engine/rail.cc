@@ -1,0 +1,119 @@
+#include "engine/rail.h"
+
+#include <algorithm>
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "engine/status.h"
+
+namespace ferry::engine {
+namespace {
+
+// Deleter order matters: the member order in Rail is the open order.
+absl::Status Check(int rc, std::string_view call) {
+  return rc == 0 ? absl::OkStatus() : FiError(rc, call);
+}
+
+}  // namespace
+
+uint64_t NextMrKey() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+absl::StatusOr<std::unique_ptr<Rail>> Rail::Open(const fi_info& info, size_t tx_depth) {
+  std::unique_ptr<Rail> rail(new Rail());
+  rail->info_.reset(fi_dupinfo(&info));
+  if (!rail->info_) return absl::ResourceExhaustedError("fi_dupinfo failed");
+  fi_info* fi = rail->info_.get();
+  if (fi->domain_attr->mr_mode & FI_MR_RAW) {
+    return absl::UnimplementedError(
+        absl::StrCat(fi->fabric_attr->prov_name, " wants FI_MR_RAW keys, which ferry lacks"));
+  }
+
+  fid_fabric* fabric = nullptr;
+  RETURN_IF_ERROR(Check(fi_fabric(fi->fabric_attr, &fabric, nullptr), "fi_fabric"));
+  rail->fabric_.reset(fabric);
+
+  fid_domain* domain = nullptr;
+  RETURN_IF_ERROR(Check(fi_domain(fabric, fi, &domain, nullptr), "fi_domain"));
+  rail->domain_.reset(domain);
+
+  fi_av_attr av_attr = {};
+  av_attr.type = fi->domain_attr->av_type;
+  fid_av* av = nullptr;
+  RETURN_IF_ERROR(Check(fi_av_open(domain, &av_attr, &av, nullptr), "fi_av_open"));
+  rail->av_.reset(av);
+
+  // The CQ holds a completion for every WRITE and SEND in flight and every posted receive.
+  fi_cq_attr cq_attr = {};
+  cq_attr.format = FI_CQ_FORMAT_DATA;
+  cq_attr.size = std::max<size_t>(fi->tx_attr->size + fi->rx_attr->size, 1024);
+  cq_attr.wait_obj = FI_WAIT_FD;
+  fid_cq* cq = nullptr;
+  int rc = fi_cq_open(domain, &cq_attr, &cq, nullptr);
+  if (rc == -FI_ENOSYS || rc == -FI_EINVAL || rc == -FI_EOPNOTSUPP) {
+    // No fd to block on (shm here): the progress thread falls back to timed polls.
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    rc = fi_cq_open(domain, &cq_attr, &cq, nullptr);
+  }
+  RETURN_IF_ERROR(Check(rc, "fi_cq_open"));
+  rail->cq_.reset(cq);
+  if (cq_attr.wait_obj == FI_WAIT_FD) {
+    RETURN_IF_ERROR(Check(fi_control(&cq->fid, FI_GETWAIT, &rail->wait_fd_), "fi_control(GETWAIT)"));
+  }
+
+  fid_ep* ep = nullptr;
+  RETURN_IF_ERROR(Check(fi_endpoint(domain, fi, &ep, nullptr), "fi_endpoint"));
+  rail->ep_.reset(ep);
+  RETURN_IF_ERROR(Check(fi_ep_bind(ep, &av->fid, 0), "fi_ep_bind(av)"));
+  RETURN_IF_ERROR(Check(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)"));
+  RETURN_IF_ERROR(Check(fi_enable(ep), "fi_enable"));
+
+  char name[256];
+  size_t name_len = sizeof(name);
+  RETURN_IF_ERROR(Check(fi_getname(&ep->fid, name, &name_len), "fi_getname"));
+
+  RailInfo& ri = rail->rail_info_;
+  ri.provider = fi->fabric_attr->prov_name;
+  ri.fabric = fi->fabric_attr->name ? fi->fabric_attr->name : "";
+  ri.domain = fi->domain_attr->name ? fi->domain_attr->name : "";
+  ri.address.assign(name, name_len);
+  ri.max_msg_size = fi->ep_attr->max_msg_size;
+  ri.tx_depth = tx_depth == 0 ? fi->tx_attr->size : std::min(tx_depth, fi->tx_attr->size);
+  ri.inject_size = fi->tx_attr->inject_size;
+  ri.mr_mode = static_cast<uint64_t>(fi->domain_attr->mr_mode);
+  ri.cq_data_size = fi->domain_attr->cq_data_size;
+  rail->completion_flags_ = fi->tx_attr->op_flags & FI_DELIVERY_COMPLETE;
+  return rail;
+}
+
+absl::StatusOr<RailMr> Rail::Register(void* addr, size_t length, uint64_t requested_key) {
+  const int mr_mode = info_->domain_attr->mr_mode;
+  iovec iov = {addr, length};
+  fi_mr_attr attr = {};
+  attr.mr_iov = &iov;
+  attr.iov_count = 1;
+  attr.access = FI_WRITE | FI_READ | FI_REMOTE_WRITE | FI_REMOTE_READ | FI_SEND | FI_RECV;
+  attr.requested_key = requested_key;
+  attr.iface = FI_HMEM_SYSTEM;
+  fid_mr* mr = nullptr;
+  int rc = fi_mr_regattr(domain_.get(), &attr, 0, &mr);
+  if (rc != 0) {
+    absl::Status s = FiError(rc, "fi_mr_regattr");
+    if (s.code() == absl::StatusCode::kInternal) return absl::ResourceExhaustedError(s.message());
+    return s;
+  }
+  RailMr out;
+  out.mr.reset(mr);
+  if (mr_mode & FI_MR_ENDPOINT) {
+    RETURN_IF_ERROR(Check(fi_mr_bind(mr, &ep_->fid, 0), "fi_mr_bind"));
+    RETURN_IF_ERROR(Check(fi_mr_enable(mr), "fi_mr_enable"));
+  }
+  out.key = fi_mr_key(mr);
+  if (out.key == FI_KEY_NOTAVAIL) return absl::UnimplementedError("fi_mr_key: key not available");
+  out.desc = fi_mr_desc(mr);
+  return out;
+}
+
+}  // namespace ferry::engine

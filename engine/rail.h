@@ -1,0 +1,67 @@
+// One rail: fabric, domain, AV, CQ and FI_EP_RDM endpoint opened from one fi_info. Owned and
+// used by exactly one progress thread (FI_THREAD_DOMAIN); not thread-safe.
+#ifndef FERRY_ENGINE_RAIL_H_
+#define FERRY_ENGINE_RAIL_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+#include "engine/fabric.h"
+
+namespace ferry::engine {
+
+// A registered memory region on one rail.
+struct RailMr {
+  FidPtr<fid_mr> mr;
+  uint64_t key = 0;
+  void* desc = nullptr;  // fi_mr_desc; what FI_MR_LOCAL providers need for local buffers
+};
+
+// A process-wide unique key to request for an MR (providers without FI_MR_PROV_KEY use it).
+uint64_t NextMrKey();
+
+class Rail {
+ public:
+  // Opens every object in dependency order; what was opened closes itself on failure.
+  // `tx_depth` 0 means the provider's tx size.
+  static absl::StatusOr<std::unique_ptr<Rail>> Open(const fi_info& info, size_t tx_depth);
+  // The endpoint closes first, then CQ, AV, domain and fabric (fi_endpoint(3), fi_domain(3)).
+  ~Rail() = default;
+  Rail(const Rail&) = delete;
+  Rail& operator=(const Rail&) = delete;
+
+  // Registers [addr, addr + length) for local WRITE sources, SENDs/RECVs and remote WRITEs.
+  // Without FI_MR_PROV_KEY the requested key must be unique in the domain (fi_mr(3)): the
+  // caller passes a process-wide unique one.
+  absl::StatusOr<RailMr> Register(void* addr, size_t length, uint64_t requested_key);
+
+  fid_fabric* fabric() const { return fabric_.get(); }
+  fid_ep* ep() const { return ep_.get(); }
+  fid_cq* cq() const { return cq_.get(); }
+  fid_av* av() const { return av_.get(); }
+  const fi_info& info() const { return *info_; }
+  const RailInfo& rail_info() const { return rail_info_; }
+  // The CQ's wait fd for epoll, or -1 when the provider has no FI_WAIT_FD (shm here).
+  int wait_fd() const { return wait_fd_; }
+  // Flags every WRITE and SEND is posted with: FI_DELIVERY_COMPLETE where granted.
+  uint64_t completion_flags() const { return completion_flags_; }
+
+ private:
+  Rail() = default;
+
+  InfoPtr info_;
+  FidPtr<fid_fabric> fabric_;
+  FidPtr<fid_domain> domain_;
+  FidPtr<fid_av> av_;
+  FidPtr<fid_cq> cq_;
+  FidPtr<fid_ep> ep_;
+  RailInfo rail_info_;
+  int wait_fd_ = -1;
+  uint64_t completion_flags_ = 0;
+};
+
+}  // namespace ferry::engine
+
+#endif  // FERRY_ENGINE_RAIL_H_

@@ -1,0 +1,76 @@
+#include "engine/types.h"
+
+#include <charconv>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace ferry::engine {
+
+absl::StatusOr<Device> Device::Parse(std::string_view text) {
+  if (text == "host") return Host();
+  constexpr std::string_view kCuda = "cuda:";
+  if (text.substr(0, kCuda.size()) == kCuda && text.size() > kCuda.size() &&
+      text.size() <= kCuda.size() + 4) {
+    int index = 0;
+    const char* begin = text.data() + kCuda.size();
+    const char* end = text.data() + text.size();
+    auto [ptr, ec] = std::from_chars(begin, end, index);
+    if (ec == std::errc() && ptr == end && index >= 0) return Cuda(index);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown device '", std::string(text), "': want \"host\" or \"cuda:N\""));
+}
+
+std::string Device::ToString() const {
+  return kind == Kind::kHost ? std::string("host") : absl::StrCat("cuda:", index);
+}
+
+nlohmann::json ToJson(const RegionDescriptor& d) {
+  return {{"node", d.node},
+          {"addr", d.addr},
+          {"length", d.length},
+          {"device", d.device.ToString()},
+          {"offset_addressing", d.offset_addressing},
+          {"keys", d.keys}};
+}
+
+absl::StatusOr<RegionDescriptor> RegionDescriptorFromJson(const nlohmann::json& j) {
+  if (!j.is_object()) return absl::InvalidArgumentError("region descriptor: not an object");
+  auto field = [&](const char* name) -> const nlohmann::json* {
+    auto it = j.find(name);
+    return it == j.end() ? nullptr : &*it;
+  };
+  const nlohmann::json* node = field("node");
+  const nlohmann::json* addr = field("addr");
+  const nlohmann::json* length = field("length");
+  const nlohmann::json* device = field("device");
+  const nlohmann::json* offset_addressing = field("offset_addressing");
+  const nlohmann::json* keys = field("keys");
+  if (!node || !node->is_string() || !addr || !addr->is_number_unsigned() || !length ||
+      !length->is_number_unsigned() || !device || !device->is_string() || !offset_addressing ||
+      !offset_addressing->is_boolean() || !keys || !keys->is_array()) {
+    return absl::InvalidArgumentError(
+        "region descriptor: want node (string), addr and length (unsigned), device (string), "
+        "offset_addressing (bool), keys (array)");
+  }
+  RegionDescriptor d;
+  d.node = node->get<std::string>();
+  d.addr = addr->get<uint64_t>();
+  d.length = length->get<uint64_t>();
+  auto dev = Device::Parse(device->get<std::string>());
+  if (!dev.ok()) return dev.status();
+  d.device = *dev;
+  d.offset_addressing = offset_addressing->get<bool>();
+  for (const auto& k : *keys) {
+    if (!k.is_number_unsigned()) return absl::InvalidArgumentError("region descriptor: bad key");
+    d.keys.push_back(k.get<uint64_t>());
+  }
+  if (d.keys.empty()) return absl::InvalidArgumentError("region descriptor: no keys");
+  if (!d.offset_addressing && d.addr + d.length < d.addr) {
+    return absl::InvalidArgumentError("region descriptor: addr + length overflows");
+  }
+  return d;
+}
+
+}  // namespace ferry::engine

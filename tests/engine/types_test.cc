@@ -1,0 +1,106 @@
+#include "engine/types.h"
+
+#include <gmock/gmock.h>
+
+#include "engine/control.h"
+#include "engine/fabric.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/status_matchers.h"
+
+namespace ferry::engine {
+namespace {
+
+using ::ferry::testing::StatusIs;
+
+TEST(DeviceTest, ParsesHostAndCuda) {
+  ASSERT_OK_AND_ASSIGN(Device host, Device::Parse("host"));
+  EXPECT_EQ(host, Device::Host());
+  ASSERT_OK_AND_ASSIGN(Device gpu, Device::Parse("cuda:3"));
+  EXPECT_EQ(gpu, Device::Cuda(3));
+  EXPECT_EQ(gpu.ToString(), "cuda:3");
+}
+
+TEST(DeviceTest, RejectsUnknownDevices) {
+  for (const char* bad : {"", "gpu", "cuda:", "cuda:-1", "cuda:1x", "cuda:99999", "HOST"}) {
+    EXPECT_THAT(Device::Parse(bad), StatusIs(absl::StatusCode::kInvalidArgument)) << bad;
+  }
+}
+
+TEST(RegionDescriptorTest, RoundTripsThroughJson) {
+  RegionDescriptor d{"node-a", 0x7f0000001000, 1 << 20, Device::Cuda(1), true, {7, 8, 9}};
+  ASSERT_OK_AND_ASSIGN(RegionDescriptor back, RegionDescriptorFromJson(ToJson(d)));
+  EXPECT_EQ(back, d);
+  EXPECT_EQ(d.RemoteAddress(10), 10u);
+  d.offset_addressing = false;
+  EXPECT_EQ(d.RemoteAddress(10), 0x7f000000100au);
+}
+
+TEST(RegionDescriptorTest, RejectsMissingAndMistypedFields) {
+  nlohmann::json good = ToJson(RegionDescriptor{"n", 4096, 64, Device::Host(), false, {1}});
+  for (const char* field : {"node", "addr", "length", "device", "offset_addressing", "keys"}) {
+    nlohmann::json j = good;
+    j.erase(field);
+    EXPECT_THAT(RegionDescriptorFromJson(j), StatusIs(absl::StatusCode::kInvalidArgument))
+        << field;
+    j = good;
+    j[field] = "wrong";
+    if (std::string(field) != "node" && std::string(field) != "device") {
+      EXPECT_THAT(RegionDescriptorFromJson(j), StatusIs(absl::StatusCode::kInvalidArgument))
+          << field;
+    }
+  }
+  nlohmann::json j = good;
+  j["addr"] = -5;
+  EXPECT_THAT(RegionDescriptorFromJson(j), StatusIs(absl::StatusCode::kInvalidArgument));
+  j = good;
+  j["keys"] = nlohmann::json::array();
+  EXPECT_THAT(RegionDescriptorFromJson(j), StatusIs(absl::StatusCode::kInvalidArgument));
+  j = good;
+  j["addr"] = ~0ull;
+  EXPECT_THAT(RegionDescriptorFromJson(j), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(RegionDescriptorFromJson(nlohmann::json::array()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(BoundsTest, RejectsOverflowAndOutOfRange) {
+  EXPECT_TRUE(InBounds(0, 10, 10));
+  EXPECT_TRUE(InBounds(10, 0, 10));
+  EXPECT_FALSE(InBounds(11, 0, 10));
+  EXPECT_FALSE(InBounds(5, 6, 10));
+  EXPECT_FALSE(InBounds(~0ull, 2, 10));
+  EXPECT_FALSE(InBounds(2, ~0ull, 10));
+}
+
+TEST(ControlTest, FramesRoundTripAndBadFramesAreRejected) {
+  std::string frame = EncodeControl(ControlType::kUser, "node-1", "payload");
+  ASSERT_OK_AND_ASSIGN(ControlMessage m, DecodeControl(frame));
+  EXPECT_EQ(m.type, ControlType::kUser);
+  EXPECT_EQ(m.sender, "node-1");
+  EXPECT_EQ(m.payload, "payload");
+  EXPECT_THAT(DecodeControl("FRY"), StatusIs(absl::StatusCode::kInvalidArgument));
+  std::string bad = frame;
+  bad[0] = 'X';
+  EXPECT_THAT(DecodeControl(bad), StatusIs(absl::StatusCode::kInvalidArgument));
+  bad = frame;
+  bad[4] = 9;
+  EXPECT_THAT(DecodeControl(bad), StatusIs(absl::StatusCode::kInvalidArgument));
+  bad = frame;
+  bad[6] = 100;  // sender longer than the frame
+  EXPECT_THAT(DecodeControl(bad), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(FabricTest, ProviderNamesMapOntoLibfabricsAndHexRoundTrips) {
+  EXPECT_EQ(*ProviderFilter("tcp"), "tcp;ofi_rxm");
+  EXPECT_EQ(*ProviderFilter("auto"), "");
+  EXPECT_THAT(ProviderFilter("carrier-pigeon"), StatusIs(absl::StatusCode::kInvalidArgument));
+  std::string raw("\x00\x01\xfe\xff", 4);
+  EXPECT_EQ(HexEncode(raw), "0001feff");
+  EXPECT_EQ(*HexDecode("0001FEff"), raw);
+  EXPECT_THAT(HexDecode("abc"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(HexDecode("zz"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(FiError(-FI_EAGAIN, "x"), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(FiError(-FI_ENOSYS, "x"), StatusIs(absl::StatusCode::kUnimplemented));
+}
+
+}  // namespace
+}  // namespace ferry::engine

@@ -1,0 +1,143 @@
+#include "tests/testing/engine_peer.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <memory>
+
+#include "absl/synchronization/mutex.h"
+#include "engine/fabric.h"
+#include "engine/status.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+#include "tests/testing/pattern.h"
+
+namespace ferry::testing {
+
+nlohmann::json ExtentsToJson(const std::vector<engine::Extent>& extents) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const engine::Extent& e : extents) out.push_back({e.offset, e.length});
+  return out;
+}
+
+nlohmann::json AddressToJson(const engine::PeerAddress& address) {
+  nlohmann::json rails = nlohmann::json::array();
+  for (const std::string& r : address.rails) rails.push_back(engine::HexEncode(r));
+  return {{"node", address.node}, {"rails", rails}};
+}
+
+absl::StatusOr<engine::PeerAddress> AddressFromJson(const nlohmann::json& j) {
+  engine::PeerAddress a;
+  a.node = j.at("node").get<std::string>();
+  for (const auto& r : j.at("rails")) {
+    auto raw = engine::HexDecode(r.get<std::string>());
+    if (!raw.ok()) return raw.status();
+    a.rails.push_back(*raw);
+  }
+  return a;
+}
+
+namespace {
+
+std::vector<engine::Extent> ExtentsFromJson(const nlohmann::json& j) {
+  std::vector<engine::Extent> out;
+  for (const auto& e : j) out.push_back({0, e[0].get<uint64_t>(), e[1].get<uint64_t>()});
+  return out;
+}
+
+struct PeerState {
+  absl::Mutex mu;
+  std::map<uint64_t, int> fires;
+  int controls = 0;
+  std::string last_control;
+};
+
+}  // namespace
+
+int RunEnginePeer(int argc, char** argv) {
+  spdlog::set_default_logger(spdlog::stderr_color_mt("peer"));
+  engine::EngineOptions options;
+  uint64_t size = 1 << 20;
+  uint8_t canary = 0xa5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--provider") options.provider = value;
+    else if (flag == "--rails") options.rails = std::stoul(value);
+    else if (flag == "--domain") options.domains.push_back(value);
+    else if (flag == "--size") size = std::stoull(value);
+    else if (flag == "--canary") canary = static_cast<uint8_t>(std::stoul(value));
+    else if (flag == "--progress-threads") options.progress_threads = std::stoul(value);
+  }
+  auto state = std::make_shared<PeerState>();
+  options.on_control = [state](std::string_view, std::string_view payload) {
+    absl::MutexLock lock(&state->mu);
+    ++state->controls;
+    state->last_control = std::string(payload);
+  };
+  auto engine = engine::Engine::Create(options);
+  if (!engine.ok()) {
+    std::cout << nlohmann::json{{"error", engine.status().ToString()}}.dump() << std::endl;
+    return 1;
+  }
+  auto* buf = static_cast<uint8_t*>(std::aligned_alloc(4096, (size + 4095) / 4096 * 4096));
+  memset(buf, canary, size);
+  auto region = (*engine)->RegisterMemory(buf, size, engine::Device::Host());
+  if (!region.ok()) {
+    std::cout << nlohmann::json{{"error", region.status().ToString()}}.dump() << std::endl;
+    return 1;
+  }
+  std::cout << nlohmann::json{{"address", AddressToJson((*engine)->address())},
+                              {"region", engine::ToJson(*(*engine)->Describe(*region))}}
+                   .dump()
+            << std::endl;
+
+  std::map<uint64_t, std::shared_ptr<engine::ImmediateCounter>> counters;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    auto req = nlohmann::json::parse(line, nullptr, false);
+    nlohmann::json reply;
+    const std::string cmd = req.is_object() ? req.value("cmd", "") : "";
+    if (cmd == "verify") {
+      std::string err = VerifyTransfer(req["seed"].get<uint64_t>(), ExtentsFromJson(req["src"]),
+                                       ExtentsFromJson(req["dst"]), buf, size, canary);
+      memset(buf, canary, size);
+      reply = {{"ok", err.empty()}, {"error", err}};
+    } else if (cmd == "expect") {
+      const uint64_t tag = req["tag"].get<uint64_t>();
+      auto c = (*engine)->ExpectImmediates(tag, req["count"].get<uint64_t>(), [state, tag] {
+        absl::MutexLock lock(&state->mu);
+        ++state->fires[tag];
+      });
+      reply = {{"ok", c.ok()}, {"code", absl::StatusCodeToString(c.status().code())}};
+      if (c.ok()) counters[tag] = *c;
+    } else if (cmd == "wait") {
+      const uint64_t tag = req["tag"].get<uint64_t>();
+      absl::Status s = counters.count(tag) == 0
+                           ? absl::NotFoundError("no counter")
+                           : counters[tag]->Wait(absl::Now() + absl::Milliseconds(
+                                                                   req["timeout_ms"].get<int>()));
+      absl::MutexLock lock(&state->mu);
+      reply = {{"ok", s.ok()}, {"fires", state->fires[tag]}};
+    } else if (cmd == "fires") {
+      absl::MutexLock lock(&state->mu);
+      reply = {{"fires", state->fires[req["tag"].get<uint64_t>()]}};
+    } else if (cmd == "controls") {
+      absl::MutexLock lock(&state->mu);
+      reply = {{"count", state->controls}, {"last", state->last_control}};
+    } else if (cmd == "exit") {
+      std::cout << nlohmann::json{{"ok", true}}.dump() << std::endl;
+      break;
+    } else {
+      reply = {{"ok", false}, {"error", "unknown command"}};
+    }
+    std::cout << reply.dump() << std::endl;
+  }
+  counters.clear();
+  IgnoreError((*engine)->DeregisterMemory(*region));
+  engine->reset();
+  std::free(buf);
+  return 0;
+}
+
+}  // namespace ferry::testing

@@ -1,0 +1,114 @@
+#include "tests/testing/subprocess.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+extern char** environ;
+
+namespace ferry::testing {
+
+absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
+    const std::vector<std::string>& argv) {
+  int in[2], out[2];
+  if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe2: ", strerror(errno)));
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::unique_ptr<Subprocess> p(new Subprocess());
+  int rc = posix_spawn(&p->pid_, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(in[0]);
+  close(out[1]);
+  p->in_fd_ = in[1];
+  p->out_fd_ = out[0];
+  if (rc != 0) {
+    p->reaped_ = true;
+    return absl::InternalError(absl::StrCat("posix_spawn ", argv[0], ": ", strerror(rc)));
+  }
+  return p;
+}
+
+Subprocess::~Subprocess() {
+  if (!reaped_ && pid_ > 0) {
+    kill(pid_, SIGKILL);
+    Wait();
+  }
+  if (in_fd_ >= 0) close(in_fd_);
+  if (out_fd_ >= 0) close(out_fd_);
+}
+
+absl::Status Subprocess::WriteLine(const std::string& line) {
+  std::string data = line + "\n";
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = write(in_fd_, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::UnavailableError(absl::StrCat("write to child: ", strerror(errno)));
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Subprocess::ReadLine(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    size_t nl = buffer_.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = buffer_.substr(0, nl);
+      buffer_.erase(0, nl + 1);
+      return line;
+    }
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left <= 0) return absl::DeadlineExceededError("child sent no line in time");
+    pollfd pfd = {out_fd_, POLLIN, 0};
+    int rc = poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (rc < 0 && errno != EINTR) return absl::InternalError(strerror(errno));
+    if (rc <= 0) continue;
+    char buf[65536];
+    ssize_t n = read(out_fd_, buf, sizeof(buf));
+    if (n == 0) return absl::UnavailableError("child closed its stdout");
+    if (n < 0 && errno != EINTR) return absl::InternalError(strerror(errno));
+    if (n > 0) buffer_.append(buf, static_cast<size_t>(n));
+  }
+}
+
+absl::StatusOr<nlohmann::json> Subprocess::Call(const nlohmann::json& request,
+                                                absl::Duration timeout) {
+  absl::Status s = WriteLine(request.dump());
+  if (!s.ok()) return s;
+  auto line = ReadLine(timeout);
+  if (!line.ok()) return line.status();
+  auto j = nlohmann::json::parse(*line, nullptr, false);
+  if (j.is_discarded()) return absl::InternalError(absl::StrCat("child sent bad JSON: ", *line));
+  return j;
+}
+
+void Subprocess::Kill(int signal) {
+  if (!reaped_) kill(pid_, signal);
+}
+
+int Subprocess::Wait() {
+  if (reaped_) return 0;
+  int status = 0;
+  while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  reaped_ = true;
+  return status;
+}
+
+}  // namespace ferry::testing

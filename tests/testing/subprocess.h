@@ -1,0 +1,48 @@
+// A child process with its stdin and stdout on pipes, spoken to in lines (JSON in practice).
+// Not thread-safe.
+#ifndef FERRY_TESTS_TESTING_SUBPROCESS_H_
+#define FERRY_TESTS_TESTING_SUBPROCESS_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "nlohmann/json.hpp"
+
+namespace ferry::testing {
+
+class Subprocess {
+ public:
+  // Starts argv[0] with argv (posix_spawn: no fork of a process that may hold CUDA or
+  // libfabric state). stderr is inherited.
+  static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(const std::vector<std::string>& argv);
+  // Kills (SIGKILL) and reaps the child if it still runs.
+  ~Subprocess();
+
+  absl::Status WriteLine(const std::string& line);
+  // kDeadlineExceeded after `timeout`; kUnavailable when the child closed its stdout.
+  absl::StatusOr<std::string> ReadLine(absl::Duration timeout);
+  // Sends a JSON request line and reads one JSON reply line.
+  absl::StatusOr<nlohmann::json> Call(const nlohmann::json& request,
+                                      absl::Duration timeout = absl::Seconds(120));
+  void Kill(int signal);
+  // Waits for the child to exit; returns its wait status.
+  int Wait();
+  pid_t pid() const { return pid_; }
+
+ private:
+  Subprocess() = default;
+  pid_t pid_ = -1;
+  int in_fd_ = -1;   // child's stdin
+  int out_fd_ = -1;  // child's stdout
+  std::string buffer_;
+  bool reaped_ = false;
+};
+
+}  // namespace ferry::testing
+
+#endif  // FERRY_TESTS_TESTING_SUBPROCESS_H_
