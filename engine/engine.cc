@@ -48,7 +48,7 @@ std::string RandomNodeId() {
 // FI_EP_RDM with SEND/RECV for control and one-sided WRITEs for data. We accept every
 // mr_mode bit we handle and FI_CONTEXT(2) / FI_RX_CQ_DATA; FI_THREAD_DOMAIN because only the
 // progress thread touches a domain.
-InfoPtr MakeHints(const std::string& prov_filter, bool delivery_complete) {
+InfoPtr MakeHints(const std::string& prov_filter, bool delivery_complete, bool ordered) {
   InfoPtr hints(fi_allocinfo());
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = FI_MSG | FI_RMA | FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE;
@@ -59,6 +59,7 @@ InfoPtr MakeHints(const std::string& prov_filter, bool delivery_complete) {
   hints->domain_attr->control_progress = FI_PROGRESS_UNSPEC;
   hints->domain_attr->data_progress = FI_PROGRESS_UNSPEC;
   if (delivery_complete) hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+  if (ordered) hints->tx_attr->msg_order = FI_ORDER_RMA_WAW;
   if (!prov_filter.empty()) hints->fabric_attr->prov_name = strdup(prov_filter.c_str());
   return hints;
 }
@@ -123,11 +124,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
   ASSIGN_OR_RETURN(std::string prov_filter, ProviderFilter(options.provider));
 
+  // Ask for delivery-complete WRITEs and write-after-write ordering; drop what the provider
+  // lacks (EFA's SRD is unordered; some providers have no FI_DELIVERY_COMPLETE).
   fi_info* list = nullptr;
-  InfoPtr hints = MakeHints(prov_filter, true);
-  int rc = fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints.get(), &list);
-  if (rc == -FI_ENODATA) {  // no FI_DELIVERY_COMPLETE: transmit-complete WRITEs still work
-    hints = MakeHints(prov_filter, false);
+  int rc = -FI_ENODATA;
+  for (int attempt = 0; attempt < 4 && rc == -FI_ENODATA; ++attempt) {
+    InfoPtr hints = MakeHints(prov_filter, attempt < 2, attempt % 2 == 0);
     rc = fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints.get(), &list);
   }
   InfoPtr owned_list(list);
@@ -508,13 +510,24 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
         op.remote_addr = dst.RemoteAddress(w.dst_offset);
         op.key = dst.keys[r % remote_rails];
         op.dest = fi_addrs[r];
+        op.deliver = !rails_[r].ordered_writes || w.length > rails_[r].max_order_waw_size;
         last_rail = r;
       }
+      // On a rail that applies WRITEs in order, delivery-complete on its last WRITE of this
+      // transfer covers every earlier one (fi_endpoint(3), msg_order FI_ORDER_RMA_WAW); the
+      // others complete at transmit, which saves the provider an ack each.
+      if (!plan.rails[r].empty()) part.ops.back().deliver = true;
     }
     if (req.immediate) {
       Part& part = *parts[rail_refs_[last_rail].group];
       WriteOp& tail = part.ops.back();
       tail.immediate = true;
+      tail.deliver = true;
+      // The WRITE before the tail on its rail ends that rail's data: it needs its own
+      // delivery completion before the tail may go.
+      if (part.ops.size() > 1 && part.ops[part.ops.size() - 2].rail == tail.rail) {
+        part.ops[part.ops.size() - 2].deliver = true;
+      }
       tail.data = *req.immediate;
       state->tail = &tail;
       state->tail_group = groups_[rail_refs_[last_rail].group].get();

@@ -62,6 +62,10 @@ struct RailInfo {
   size_t inject_size = 0;
   uint64_t mr_mode = 0;  // the mr_mode bits the provider granted
   size_t cq_data_size = 0;
+  bool delivery_complete = false;  // FI_DELIVERY_COMPLETE granted
+  // FI_ORDER_RMA_WAW granted: WRITEs up to max_order_waw_size bytes land in posting order.
+  bool ordered_writes = false;
+  uint64_t max_order_waw_size = 0;
 };
 
 // How to reach a peer: its node id and one address per rail (RailInfo::address).

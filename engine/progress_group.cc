@@ -324,7 +324,12 @@ bool ProgressGroup::PostWrites(RailState& rs) {
     msg.rma_iov_count = 1;
     msg.context = &op->ctx;
     msg.data = op->data;
-    uint64_t flags = rs.rail->completion_flags() | FI_COMPLETION;
+    // Flags replace the endpoint's op_flags (fi_rma(3)). A WRITE that needs no delivery
+    // completion gets no completion level: its completion then only says the source buffer
+    // may be reused, which is all we need of it (FI_TRANSMIT_COMPLETE would cost an ack too on
+    // a reliable endpoint).
+    uint64_t flags = FI_COMPLETION;
+    if (op->deliver && rs.rail->rail_info().delivery_complete) flags |= FI_DELIVERY_COMPLETE;
     if (more) flags |= FI_MORE;
     if (op->immediate) flags |= FI_REMOTE_CQ_DATA;
     ssize_t rc = fi_writemsg(rs.rail->ep(), &msg, flags);

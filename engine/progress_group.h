@@ -52,6 +52,7 @@ struct WriteOp : OpBase {
   uint64_t key = 0;
   fi_addr_t dest = FI_ADDR_UNSPEC;
   bool immediate = false;
+  bool deliver = true;  // ask for FI_DELIVERY_COMPLETE (where the provider has it)
   uint64_t data = 0;
 };
 

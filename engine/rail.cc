@@ -84,7 +84,9 @@ absl::StatusOr<std::unique_ptr<Rail>> Rail::Open(const fi_info& info, size_t tx_
   ri.inject_size = fi->tx_attr->inject_size;
   ri.mr_mode = static_cast<uint64_t>(fi->domain_attr->mr_mode);
   ri.cq_data_size = fi->domain_attr->cq_data_size;
-  rail->completion_flags_ = fi->tx_attr->op_flags & FI_DELIVERY_COMPLETE;
+  ri.delivery_complete = (fi->tx_attr->op_flags & FI_DELIVERY_COMPLETE) != 0;
+  ri.ordered_writes = (fi->tx_attr->msg_order & FI_ORDER_RMA_WAW) != 0;
+  ri.max_order_waw_size = fi->ep_attr->max_order_waw_size;
   return rail;
 }
 

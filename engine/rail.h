@@ -45,8 +45,6 @@ class Rail {
   const RailInfo& rail_info() const { return rail_info_; }
   // The CQ's wait fd for epoll, or -1 when the provider has no FI_WAIT_FD (shm here).
   int wait_fd() const { return wait_fd_; }
-  // Flags every WRITE and SEND is posted with: FI_DELIVERY_COMPLETE where granted.
-  uint64_t completion_flags() const { return completion_flags_; }
 
  private:
   Rail() = default;
@@ -59,7 +57,6 @@ class Rail {
   FidPtr<fid_ep> ep_;
   RailInfo rail_info_;
   int wait_fd_ = -1;
-  uint64_t completion_flags_ = 0;
 };
 
 }  // namespace ferry::engine
