@@ -32,6 +32,8 @@ struct Params {
   size_t rails;
 };
 
+void PrintTo(const Params& p, std::ostream* os) { *os << p.provider << " x" << p.rails; }
+
 std::string Domain(const std::string& provider) { return provider == "tcp" ? "lo" : "shm"; }
 
 EngineOptions Options(const Params& p) {

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs the dependencies, then configures and builds ferry with CMake and Ninja.
+#   FERRY_BUILD_DIR   build folder (default: build)
+#   FERRY_SANITIZE    e.g. address,undefined (default: none)
+#   FERRY_LIBFABRIC_PREFIX  another libfabric, e.g. /opt/amazon/efa (default: the system's)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash deploy/install-deps.sh
+dir=${FERRY_BUILD_DIR:-build}
+cmake -S . -B "$dir" -G Ninja \
+  -DFERRY_SANITIZE="${FERRY_SANITIZE:-}" \
+  -DFERRY_LIBFABRIC_PREFIX="${FERRY_LIBFABRIC_PREFIX:-}" >/dev/null
+ninja -C "$dir"
