@@ -107,6 +107,23 @@ uint64_t ImmediateCounter::Add(uint64_t n, bool* fired) {
   return n - take;
 }
 
+AwakeToken& AwakeToken::operator=(AwakeToken&& other) noexcept {
+  if (this != &other) {
+    if (count_ != nullptr) count_->fetch_sub(1);
+    count_ = std::exchange(other.count_, nullptr);
+  }
+  return *this;
+}
+
+AwakeToken::~AwakeToken() {
+  if (count_ != nullptr) count_->fetch_sub(1);
+}
+
+AwakeToken Engine::KeepAwake() {
+  awake_.fetch_add(1);
+  return AwakeToken(&awake_);
+}
+
 Engine::Engine(const EngineOptions& options) : options_(options) {}
 
 Engine::~Engine() { groups_.clear(); }

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -136,6 +137,21 @@ class ImmediateCounter {
   uint64_t arrived_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// While alive, the engine's progress threads poll their rails instead of blocking when idle.
+// Thread-safe; movable.
+class AwakeToken {
+ public:
+  AwakeToken() = default;
+  AwakeToken(AwakeToken&& other) noexcept : count_(std::exchange(other.count_, nullptr)) {}
+  AwakeToken& operator=(AwakeToken&& other) noexcept;
+  ~AwakeToken();
+
+ private:
+  friend class Engine;
+  explicit AwakeToken(std::atomic<int>* count) : count_(count) {}
+  std::atomic<int>* count_ = nullptr;
+};
+
 // Moves bytes between registered local memory and remote peers over one or more rails (one
 // libfabric domain, endpoint, CQ and AV each). Thread-safe: calls queue work for the progress
 // threads, which alone touch libfabric objects (FI_THREAD_DOMAIN).
@@ -187,6 +203,13 @@ class Engine {
   absl::Status SendControl(PeerId peer, std::string_view payload,
                            absl::Time deadline = absl::InfiniteFuture());
 
+  // Keeps the progress threads polling until the token goes. A destination takes one while
+  // it expects WRITEs (between asking a source to pull and its answer): on providers with
+  // manual progress (tcp, shm) WRITEs land only while the target calls into libfabric, and
+  // waking from a blocking wait for each burst costs throughput. The token must not outlive
+  // the engine.
+  AwakeToken KeepAwake();
+
   // A counter that fires (runs `on_fire` once, on the thread that sees the count reached: a
   // progress thread, or this one) when `count` immediates with value `tag` have landed. Immediates that landed before the counter existed count.
   // kAlreadyExists: a counter for `tag` is armed. kInvalidArgument: count is 0.
@@ -231,6 +254,7 @@ class Engine {
   absl::flat_hash_map<uint64_t, std::shared_ptr<ImmediateCounter>> imm_counters_
       ABSL_GUARDED_BY(imm_mu_);
 
+  std::atomic<int> awake_{0};  // live AwakeTokens
   std::vector<std::unique_ptr<ProgressGroup>> groups_;
 };
 

@@ -173,6 +173,7 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Completion* opened) {
     }
     if (!retiring_.empty()) ReapParts();
     if (worked || busy) continue;  // spin while there is work
+    if (engine_->awake_.load(std::memory_order_relaxed) > 0) continue;  // WRITEs expected
     if (absl::Now() < spin_until) continue;
     Block(!parts_.empty());
     spin_until = absl::Now() + kSpinAfterWake;

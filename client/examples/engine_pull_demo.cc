@@ -138,6 +138,8 @@ int RunDestination(const Flags& f, const std::string& self) {
               static_cast<unsigned long>(f.min_piece), static_cast<unsigned long>(f.max_piece),
               dst.size());
   const absl::Time start = absl::Now();
+  // WRITEs are coming until the source answers: keep polling the rails meanwhile.
+  ferry::engine::AwakeToken awake = engine->KeepAwake();
   auto reply = (*source)->Call({{"address", ferry::testing::AddressToJson(engine->address())},
                                 {"region", ferry::engine::ToJson(*engine->Describe(*region))},
                                 {"src_size", src_size},
@@ -146,6 +148,7 @@ int RunDestination(const Flags& f, const std::string& self) {
                                 {"repeat", f.repeat}},
                                absl::Seconds(300));
   const double wall = absl::ToDoubleSeconds(absl::Now() - start);
+  awake = ferry::engine::AwakeToken();
   if (!reply.ok() || !(*reply)["ok"].get<bool>()) {
     std::cerr << "pull failed: " << (reply.ok() ? (*reply)["error"].dump() : reply.status().ToString())
               << "\n";

@@ -3,6 +3,7 @@
 //
 //   ferry-bench engine [--provider tcp] [--rails 1,2,4,8] [--piece 4096,...] [--total BYTES]
 //                      [--layout contiguous,scattered] [--iters N] [--json] [--verify]
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,9 +40,10 @@ struct EngineFlags {
   std::vector<uint64_t> pieces = {4096, 65536, 1 << 20, 4 << 20, 64 << 20};
   uint64_t total = 256 << 20;
   std::vector<std::string> layouts = {"contiguous", "scattered"};
-  int iters = 5;
+  int iters = 7;
   size_t threads = 1;
   size_t window = 64;
+  size_t depth = 0;
   bool json = false;
   bool verify = false;
 };
@@ -81,84 +83,147 @@ absl::StatusOr<nlohmann::json> SpawnHello(std::unique_ptr<testing::Subprocess>* 
   return j;
 }
 
-// Seconds per iteration (median) of the raw fi_write loop.
-absl::StatusOr<double> RunRaw(const EngineFlags& f, const std::string& self,
-                              const std::vector<engine::PlannedWrite>& writes, uint64_t dst_size,
-                              char* src) {
-  std::unique_ptr<testing::Subprocess> peer;
-  ASSIGN_OR_RETURN(nlohmann::json hello,
-                   SpawnHello(&peer, {self, "raw-peer", "--provider", f.provider, "--domain",
-                                      f.domain, "--size", std::to_string(dst_size)}));
-  ASSIGN_OR_RETURN(auto ep, RawEndpoint::Open(f.provider, f.domain));
-  RETURN_IF_ERROR(ep->Register(src, f.total));
-  ASSIGN_OR_RETURN(std::string addr, engine::HexDecode(hello["address"].get<std::string>()));
-  ASSIGN_OR_RETURN(uint64_t fa, ep->Insert(addr));
-  const uint64_t base = hello["base"].get<uint64_t>(), key = hello["key"].get<uint64_t>();
-  RETURN_IF_ERROR(ep->WriteAll(fa, base, key, writes, f.window));  // warm-up
-  std::vector<double> times;
-  for (int i = 0; i < f.iters; ++i) {
-    const absl::Time start = absl::Now();
-    RETURN_IF_ERROR(ep->WriteAll(fa, base, key, writes, f.window));
-    times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+// The raw baseline's two ends: a target process and a local endpoint.
+class RawSession {
+ public:
+  static absl::StatusOr<std::unique_ptr<RawSession>> Start(const EngineFlags& f,
+                                                           const std::string& self,
+                                                           uint64_t dst_size, char* src) {
+    std::unique_ptr<RawSession> s(new RawSession());
+    ASSIGN_OR_RETURN(nlohmann::json hello,
+                     SpawnHello(&s->peer_, {self, "raw-peer", "--provider", f.provider,
+                                            "--domain", f.domain, "--size",
+                                            std::to_string(dst_size)}));
+    ASSIGN_OR_RETURN(s->ep_, RawEndpoint::Open(f.provider, f.domain));
+    RETURN_IF_ERROR(s->ep_->Register(src, f.total));
+    ASSIGN_OR_RETURN(std::string addr, engine::HexDecode(hello["address"].get<std::string>()));
+    ASSIGN_OR_RETURN(s->fi_addr_, s->ep_->Insert(addr));
+    s->base_ = hello["base"].get<uint64_t>();
+    s->key_ = hello["key"].get<uint64_t>();
+    s->window_ = f.window;
+    return s;
   }
-  IgnoreError(peer->WriteLine("exit"));
-  peer->Wait();
-  return Median(times);
-}
+  ~RawSession() {
+    IgnoreError(peer_->WriteLine("exit"));
+    peer_->Wait();
+  }
+  // Seconds for one pass over `writes`; the target spins only during it.
+  absl::StatusOr<double> Run(const std::vector<engine::PlannedWrite>& writes) {
+    RETURN_IF_ERROR(Say("run"));
+    const absl::Time start = absl::Now();
+    absl::Status s = ep_->WriteAll(fi_addr_, base_, key_, writes, window_);
+    const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+    RETURN_IF_ERROR(Say("pause"));
+    RETURN_IF_ERROR(s);
+    return secs;
+  }
 
-struct EngineRun {
-  double seconds = 0;
+ private:
+  RawSession() = default;
+  absl::Status Say(const std::string& word) {
+    RETURN_IF_ERROR(peer_->WriteLine(word));
+    return peer_->ReadLine(absl::Seconds(30)).status();
+  }
+  std::unique_ptr<testing::Subprocess> peer_;
+  std::unique_ptr<RawEndpoint> ep_;
+  uint64_t fi_addr_ = 0, base_ = 0, key_ = 0;
+  size_t window_ = 64;
+};
+
+// A local engine with `rails` rails, WRITEs of at most `piece`, and the transfer of `writes`
+// to the engine peer.
+class EngineSession {
+ public:
+  static absl::StatusOr<std::unique_ptr<EngineSession>> Start(
+      const EngineFlags& f, const nlohmann::json& hello, size_t rails, uint64_t piece,
+      const std::vector<engine::PlannedWrite>& writes, char* src) {
+    std::unique_ptr<EngineSession> s(new EngineSession());
+    engine::EngineOptions o;
+    o.provider = f.provider;
+    if (!f.domain.empty()) o.domains = {f.domain};
+    o.rails = rails;
+    o.progress_threads = f.threads;
+    o.max_write = piece;
+    o.tx_depth = f.depth;
+    ASSIGN_OR_RETURN(s->engine_, engine::Engine::Create(o));
+    ASSIGN_OR_RETURN(s->region_, s->engine_->RegisterMemory(src, f.total, engine::Device::Host()));
+    ASSIGN_OR_RETURN(engine::PeerAddress address, testing::AddressFromJson(hello["address"]));
+    ASSIGN_OR_RETURN(s->req_.peer,
+                     s->engine_->AddPeer(address, absl::Now() + absl::Seconds(30)));
+    ASSIGN_OR_RETURN(engine::RegionDescriptor dst,
+                     engine::RegionDescriptorFromJson(hello["region"]));
+    s->req_.dst_regions = {dst};
+    for (const engine::PlannedWrite& w : writes) {
+      s->req_.src.push_back({s->region_, w.src_offset, w.length});
+      s->req_.dst.push_back({0, w.dst_offset, w.length});
+    }
+    return s;
+  }
+  ~EngineSession() { IgnoreError(engine_->DeregisterMemory(region_)); }
+  // Seconds from submission to completion of one transfer. The peer is told WRITEs are
+  // coming (Engine::KeepAwake), as a pulling destination knows; the raw target is told too.
+  absl::StatusOr<double> Run(testing::Subprocess& peer) {
+    RETURN_IF_ERROR(peer.Call({{"cmd", "awake"}}).status());
+    engine::TransferRequest r = req_;
+    r.deadline = absl::Now() + absl::Seconds(300);
+    const absl::Time start = absl::Now();
+    auto stats = engine_->Write(std::move(r));
+    const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+    RETURN_IF_ERROR(peer.Call({{"cmd", "sleep"}}).status());
+    RETURN_IF_ERROR(stats.status());
+    bytes_per_rail_ = stats->bytes_per_rail;
+    return secs;
+  }
+  const engine::TransferRequest& request() const { return req_; }
+  const std::vector<uint64_t>& bytes_per_rail() const { return bytes_per_rail_; }
+
+ private:
+  EngineSession() = default;
+  std::unique_ptr<engine::Engine> engine_;
+  engine::RegionId region_ = 0;
+  engine::TransferRequest req_;
+  std::vector<uint64_t> bytes_per_rail_;
+};
+
+struct Row {
+  std::string layout;
+  uint64_t piece = 0;
+  size_t rails = 0;
+  size_t writes = 0;
+  double seconds = 0, raw_seconds = 0;
+  double ratio = 0;  // median over passes of raw time / engine time (paired: same moment)
   std::vector<uint64_t> bytes_per_rail;
 };
 
-absl::StatusOr<EngineRun> RunEngine(const EngineFlags& f, testing::Subprocess& peer,
-                                    const nlohmann::json& hello, size_t rails, uint64_t piece,
-                                    const std::vector<engine::PlannedWrite>& writes, char* src) {
-  engine::EngineOptions o;
-  o.provider = f.provider;
-  if (!f.domain.empty()) o.domains = {f.domain};
-  o.rails = rails;
-  o.progress_threads = f.threads;
-  o.max_write = piece;
-  ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(o));
-  ASSIGN_OR_RETURN(engine::RegionId region,
-                   eng->RegisterMemory(src, f.total, engine::Device::Host()));
-  ASSIGN_OR_RETURN(engine::PeerAddress address, testing::AddressFromJson(hello["address"]));
-  ASSIGN_OR_RETURN(engine::PeerId peer_id, eng->AddPeer(address, absl::Now() + absl::Seconds(30)));
-  ASSIGN_OR_RETURN(engine::RegionDescriptor dst, engine::RegionDescriptorFromJson(hello["region"]));
-  engine::TransferRequest req;
-  req.peer = peer_id;
-  req.dst_regions = {dst};
-  for (const engine::PlannedWrite& w : writes) {
-    req.src.push_back({region, w.src_offset, w.length});
-    req.dst.push_back({0, w.dst_offset, w.length});
-  }
-  auto run = [&]() -> absl::StatusOr<engine::TransferStats> {
-    engine::TransferRequest r = req;
-    r.deadline = absl::Now() + absl::Seconds(300);
-    return eng->Write(std::move(r));
-  };
-  RETURN_IF_ERROR(run().status());  // warm-up
-  EngineRun out;
-  std::vector<double> times;
+// One configuration: an untimed pass of each, then raw and engine passes interleaved, so both
+// see the same machine; medians.
+absl::StatusOr<Row> Measure(const EngineFlags& f, const std::string& self,
+                            testing::Subprocess& peer, const nlohmann::json& hello, size_t rails,
+                            const std::string& layout, uint64_t piece, char* src) {
+  const auto writes = Layout(layout, piece, f.total);
+  ASSIGN_OR_RETURN(auto raw, RawSession::Start(f, self, 2 * f.total, src));
+  ASSIGN_OR_RETURN(auto eng, EngineSession::Start(f, hello, rails, piece, writes, src));
+  RETURN_IF_ERROR(raw->Run(writes).status());
+  RETURN_IF_ERROR(eng->Run(peer).status());
+  std::vector<double> raw_times, eng_times, ratios;
   for (int i = 0; i < f.iters; ++i) {
-    const absl::Time start = absl::Now();
-    ASSIGN_OR_RETURN(engine::TransferStats stats, run());
-    times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
-    out.bytes_per_rail = stats.bytes_per_rail;
+    ASSIGN_OR_RETURN(double r, raw->Run(writes));
+    ASSIGN_OR_RETURN(double e, eng->Run(peer));
+    raw_times.push_back(r);
+    eng_times.push_back(e);
+    ratios.push_back(r / e);
   }
-  out.seconds = Median(times);
   if (f.verify) {
     ASSIGN_OR_RETURN(auto reply, peer.Call({{"cmd", "verify"},
                                             {"seed", kSeed},
-                                            {"src", testing::ExtentsToJson(req.src)},
-                                            {"dst", testing::ExtentsToJson(req.dst)}}));
+                                            {"src", testing::ExtentsToJson(eng->request().src)},
+                                            {"dst", testing::ExtentsToJson(eng->request().dst)}}));
     if (!reply["ok"].get<bool>()) {
       return absl::DataLossError("verify: " + reply["error"].get<std::string>());
     }
   }
-  IgnoreError(eng->DeregisterMemory(region));
-  return out;
+  return Row{layout, piece, rails, writes.size(), Median(eng_times), Median(raw_times),
+             Median(ratios), eng->bytes_per_rail()};
 }
 
 int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
@@ -166,41 +231,21 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
   if (f.domain.empty()) f.domain = DefaultDomain(f.provider);
   char* src = static_cast<char*>(std::aligned_alloc(4096, f.total));
   testing::FillPattern(kSeed, 0, reinterpret_cast<uint8_t*>(src), f.total);
-  const uint64_t dst_size = 2 * f.total;
+  const uint64_t dst_size = 2 * f.total;  // scattered slots are two pieces apart
 
-  struct Row {
-    std::string layout;
-    uint64_t piece;
-    size_t rails;
-    double seconds, raw_seconds;
-    std::vector<uint64_t> bytes_per_rail;
-  };
   std::vector<Row> rows;
-  // Raw baselines first, one per (layout, piece).
-  std::map<std::pair<std::string, uint64_t>, double> raw;
-  for (const std::string& layout : f.layouts) {
-    for (uint64_t piece : f.pieces) {
-      if (piece > f.total) continue;
-      auto writes = Layout(layout, piece, f.total);
-      auto t = RunRaw(f, self, writes, dst_size, src);
-      if (!t.ok()) {
-        std::cerr << "raw baseline: " << t.status() << "\n";
-        return 1;
-      }
-      raw[{layout, piece}] = *t;
-    }
-  }
   if (!f.json) {
     std::printf("# ferry-bench engine: provider %s, domain %s, %d iterations (median), "
-                "raw baseline = one endpoint, fi_write loop, window %zu\n",
+                "raw baseline = one endpoint, fi_write loop, window %zu, run alternately with the "
+                "engine; ratio = median of paired raw/engine times\n",
                 f.provider.c_str(), f.domain.c_str(), f.iters, f.window);
     std::printf("%-10s %5s %9s %5s %11s %9s %9s %10s %10s %9s %6s\n", "layout", "rails",
                 "bytes", "iters", "total", "time", "MB/sec", "usec/xfer", "Mxfers/sec",
                 "raw MB/s", "ratio");
   }
   for (uint64_t rails : f.rails) {
-    std::unique_ptr<testing::Subprocess> peer;
-    auto hello = SpawnHello(&peer, {self, "engine-peer", "--provider", f.provider, "--domain",
+    auto peer = std::make_unique<std::unique_ptr<testing::Subprocess>>();
+    auto hello = SpawnHello(peer.get(), {self, "engine-peer", "--provider", f.provider, "--domain",
                                     f.domain, "--rails", std::to_string(rails), "--size",
                                     std::to_string(dst_size), "--progress-threads",
                                     std::to_string(f.threads)});
@@ -211,16 +256,15 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
     for (const std::string& layout : f.layouts) {
       for (uint64_t piece : f.pieces) {
         if (piece > f.total) continue;
-        auto writes = Layout(layout, piece, f.total);
-        auto run = RunEngine(f, *peer, *hello, rails, piece, writes, src);
-        if (!run.ok()) {
+        auto measured = Measure(f, self, **peer, *hello, rails, layout, piece, src);
+        if (!measured.ok()) {
           std::cerr << "engine " << layout << " " << piece << " x" << rails << ": "
-                    << run.status() << "\n";
+                    << measured.status() << "\n";
           return 1;
         }
-        Row row{layout, piece, rails, run->seconds, raw[{layout, piece}], run->bytes_per_rail};
-        const double xfers = static_cast<double>(writes.size());
-        const double bytes = static_cast<double>(writes.size() * piece);
+        const Row& row = *measured;
+        const double xfers = static_cast<double>(row.writes);
+        const double bytes = static_cast<double>(row.writes * piece);
         const double mbps = bytes / row.seconds / 1e6, raw_mbps = bytes / row.raw_seconds / 1e6;
         if (f.json) {
           std::cout << nlohmann::json{{"bench", "engine"},
@@ -234,7 +278,7 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
                                       {"mb_per_sec", mbps},
                                       {"usec_per_xfer", row.seconds * 1e6 / xfers},
                                       {"raw_mb_per_sec", raw_mbps},
-                                      {"ratio", mbps / raw_mbps},
+                                      {"ratio", row.ratio},
                                       {"bytes_per_rail", row.bytes_per_rail}}
                            .dump()
                     << std::endl;
@@ -242,14 +286,14 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
           std::printf("%-10s %5zu %9lu %5d %11.0f %9.4f %9.1f %10.2f %10.4f %9.1f %6.2f\n",
                       layout.c_str(), static_cast<size_t>(rails), static_cast<unsigned long>(piece),
                       f.iters, bytes, row.seconds, mbps, row.seconds * 1e6 / xfers,
-                      xfers / row.seconds / 1e6, raw_mbps, mbps / raw_mbps);
+                      xfers / row.seconds / 1e6, raw_mbps, row.ratio);
           std::fflush(stdout);
         }
         rows.push_back(row);
       }
     }
-    IgnoreError(peer->WriteLine(R"({"cmd":"exit"})"));
-    peer->Wait();
+    IgnoreError((*peer)->WriteLine(R"({"cmd":"exit"})"));
+    (*peer)->Wait();
   }
   // The targets: >= 1.0x raw for pieces of 64 KiB and up; 64 KiB scattered >= 90% of 4 MiB
   // contiguous (same rails).
@@ -275,6 +319,7 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
 }  // namespace ferry::bench
 
 int main(int argc, char** argv) {
+  signal(SIGPIPE, SIG_IGN);  // a child that died shows up as an error, not as our death
   // Children of this program speak JSON lines on stdout; every log line goes to stderr.
   spdlog::set_level(spdlog::level::warn);
   if (argc > 1 && std::string(argv[1]) == "engine-peer") {
@@ -293,6 +338,7 @@ int main(int argc, char** argv) {
   eng->add_option("--iters", ef.iters, "timed iterations (median reported)");
   eng->add_option("--threads", ef.threads, "progress threads per engine");
   eng->add_option("--window", ef.window, "raw baseline: WRITEs in flight");
+  eng->add_option("--depth", ef.depth, "engine: WRITEs in flight per rail (0: provider's tx size)");
   eng->add_flag("--json", ef.json, "one JSON object per row");
   eng->add_flag("--verify", ef.verify, "check every byte after each configuration");
   std::string raw_provider = "tcp", raw_domain = "lo";

@@ -150,13 +150,17 @@ int RunRawPeer(const std::string& provider, const std::string& domain, uint64_t 
                               {"base", (*ep)->base()}}
                    .dump()
             << std::endl;
-  // Spin on the CQ (manual progress: the WRITEs land only while we call in), looking at
-  // stdin every few thousand polls.
-  for (uint64_t i = 0;; ++i) {
-    (*ep)->Progress();
-    if (i % 4096 == 0) {
-      pollfd pfd = {0, POLLIN, 0};
-      if (poll(&pfd, 1, 0) > 0) break;
+  // Between runs, block on stdin. On "run", spin on the CQ (manual progress: WRITEs land
+  // only while the target calls in) until the next line, then answer; "exit" ends.
+  std::string line;
+  while (std::getline(std::cin, line) && (line == "run" || line == "pause")) {
+    std::cout << "{}" << std::endl;
+    for (uint64_t i = 0; line == "run"; ++i) {
+      (*ep)->Progress();
+      if (i % 1024 == 0) {
+        pollfd pfd = {0, POLLIN, 0};
+        if (poll(&pfd, 1, 0) > 0) break;
+      }
     }
   }
   ep->reset();

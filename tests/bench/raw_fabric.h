@@ -47,7 +47,8 @@ class RawEndpoint {
 };
 
 // The target process: opens an endpoint, registers `size` bytes, prints
-// {"address":hex,"key":K,"base":B} and progresses until stdin says "exit".
+// {"address":hex,"key":K,"base":B}; then answers "{}" to each "run" (and progresses until
+// the next line) or "pause" (and blocks on stdin); any other line ends it.
 int RunRawPeer(const std::string& provider, const std::string& domain, uint64_t size);
 
 }  // namespace ferry::bench

@@ -93,6 +93,7 @@ int RunEnginePeer(int argc, char** argv) {
             << std::endl;
 
   std::map<uint64_t, std::shared_ptr<engine::ImmediateCounter>> counters;
+  engine::AwakeToken awake;
   std::string line;
   while (std::getline(std::cin, line)) {
     auto req = nlohmann::json::parse(line, nullptr, false);
@@ -122,6 +123,12 @@ int RunEnginePeer(int argc, char** argv) {
     } else if (cmd == "fires") {
       absl::MutexLock lock(&state->mu);
       reply = {{"fires", state->fires[req["tag"].get<uint64_t>()]}};
+    } else if (cmd == "awake") {
+      awake = (*engine)->KeepAwake();
+      reply = {{"ok", true}};
+    } else if (cmd == "sleep") {
+      awake = engine::AwakeToken();
+      reply = {{"ok", true}};
     } else if (cmd == "controls") {
       absl::MutexLock lock(&state->mu);
       reply = {{"count", state->controls}, {"last", state->last_control}};
@@ -134,6 +141,7 @@ int RunEnginePeer(int argc, char** argv) {
     std::cout << reply.dump() << std::endl;
   }
   counters.clear();
+  awake = engine::AwakeToken();
   IgnoreError((*engine)->DeregisterMemory(*region));
   engine->reset();
   std::free(buf);

@@ -11,6 +11,7 @@
 //   {"cmd":"wait","tag":T,"timeout_ms":M} -> {"ok":bool,"fires":F}
 //   {"cmd":"fires","tag":T}              -> {"fires":F}
 //   {"cmd":"controls"}                   -> {"count":N,"last":".."}
+//   {"cmd":"awake"} / {"cmd":"sleep"}    -> {"ok":true}: take / drop an Engine::KeepAwake token
 //   {"cmd":"exit"}                       -> {"ok":true}, then the process exits
 #ifndef FERRY_TESTS_TESTING_ENGINE_PEER_H_
 #define FERRY_TESTS_TESTING_ENGINE_PEER_H_

@@ -1,0 +1,102 @@
+// The node's catalog: a RocksDB store under the node's data dir with column families for
+// nodes, regions and objects. Objects are named, versioned and immutable; every multi-key
+// change is one WriteBatch. Thread-safe.
+#ifndef FERRY_METADATA_CATALOG_H_
+#define FERRY_METADATA_CATALOG_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace rocksdb {
+class DB;
+class ColumnFamilyHandle;
+}  // namespace rocksdb
+
+namespace ferry::metadata {
+
+// One extent of an object: `length` bytes at `offset` of region `region` (a node-wide
+// region id, never reused, also across restarts).
+struct ObjectExtent {
+  uint64_t region = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  bool operator==(const ObjectExtent&) const = default;
+};
+
+struct ObjectRecord {
+  std::string name;
+  uint64_t version = 0;  // 1, 2, ... per name
+  uint64_t size = 0;     // sum of the extents' lengths
+  std::vector<ObjectExtent> extents;
+  int64_t created_ms = 0;  // Unix time
+};
+
+struct CatalogOptions {
+  // Sync the write-ahead log on every change, so an acknowledged publish survives a machine
+  // crash, not only a process crash. Default: true.
+  bool sync = true;
+};
+
+// kInvalidArgument unless `name` is 1 to 256 characters of letters, digits and "._-/", with
+// no empty, "." or ".." segment.
+absl::Status ValidateObjectName(const std::string& name);
+
+class Catalog {
+ public:
+  // Opens (creating if needed) the store under `dir`. kDataLoss: a store of another schema
+  // version. kUnavailable: the store is locked by another process.
+  static absl::StatusOr<std::unique_ptr<Catalog>> Open(const std::string& dir,
+                                                       const CatalogOptions& options = {});
+  ~Catalog();
+  Catalog(const Catalog&) = delete;
+  Catalog& operator=(const Catalog&) = delete;
+
+  // This node's id: made on the first open, the same ever after.
+  const std::string& node_id() const { return node_id_; }
+
+  // A region id never handed out before by this store.
+  absl::StatusOr<uint64_t> NextRegionId();
+
+  // Publishes `extents` as `name`. kAlreadyExists: the name exists and `replace` is false.
+  // With `replace`, the new version is the latest plus one, written atomically.
+  absl::StatusOr<ObjectRecord> Publish(const std::string& name,
+                                       const std::vector<ObjectExtent>& extents, bool replace);
+  // The latest version, or `version`. kNotFound: no such name or version.
+  absl::StatusOr<ObjectRecord> Get(const std::string& name,
+                                   std::optional<uint64_t> version = std::nullopt) const;
+  // Latest versions of names starting with `prefix`, after `after` (exclusive), in name order.
+  absl::StatusOr<std::vector<ObjectRecord>> List(const std::string& prefix,
+                                                 const std::string& after, size_t limit) const;
+  // Removes every version of `name`. kNotFound: no such name.
+  absl::Status Delete(const std::string& name);
+  // Number of object versions (latest or not) that have an extent in `region`.
+  size_t RegionUsers(uint64_t region) const;
+
+ private:
+  Catalog() = default;
+  absl::Status LoadRegionUsers();
+
+  CatalogOptions options_;
+  std::string node_id_;
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // owned by db_ until closed
+  rocksdb::ColumnFamilyHandle* meta_ = nullptr;
+  rocksdb::ColumnFamilyHandle* nodes_ = nullptr;
+  rocksdb::ColumnFamilyHandle* regions_ = nullptr;
+  rocksdb::ColumnFamilyHandle* objects_ = nullptr;
+
+  mutable absl::Mutex mu_;  // serialises read-check-write changes
+  std::map<uint64_t, size_t> region_users_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ferry::metadata
+
+#endif  // FERRY_METADATA_CATALOG_H_
