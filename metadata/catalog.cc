@@ -1,0 +1,315 @@
+#include "metadata/catalog.h"
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "engine/status.h"
+#include "nlohmann/json.hpp"
+#include "rocksdb/db.h"
+#include "rocksdb/write_batch.h"
+
+namespace ferry::metadata {
+namespace {
+
+constexpr char kSchemaKey[] = "schema_version";
+constexpr char kSchemaVersion[] = "1";
+constexpr char kNodeIdKey[] = "node_id";
+constexpr char kNextRegionKey[] = "next_region";
+
+// RocksDB errors become Status here and nowhere else.
+absl::Status FromRocksDb(const rocksdb::Status& s, std::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  std::string msg = absl::StrCat(std::string(what), ": ", s.ToString());
+  if (s.IsNotFound()) return absl::NotFoundError(msg);
+  if (s.IsCorruption()) return absl::DataLossError(msg);
+  if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
+    return absl::UnavailableError(msg);
+  }
+  if (s.IsBusy() || s.IsTryAgain()) return absl::UnavailableError(msg);
+  return absl::InternalError(msg);
+}
+
+std::string EncodeU64(uint64_t v) {
+  std::string out(8, '\0');
+  for (int i = 7; i >= 0; --i) {
+    out[static_cast<size_t>(i)] = static_cast<char>(v & 0xff);
+    v >>= 8;
+  }
+  return out;
+}
+
+uint64_t DecodeU64(std::string_view s) {
+  uint64_t v = 0;
+  for (char c : s.substr(0, 8)) v = (v << 8) | static_cast<uint8_t>(c);
+  return v;
+}
+
+// Object keys: "L" name -> latest version; "V" name NUL version(8, big-endian) -> record.
+// Names have no NUL, so "V" name NUL is a prefix of exactly one name's versions, and "L"
+// keys list names in order.
+std::string LatestKey(const std::string& name) { return "L" + name; }
+std::string VersionPrefix(const std::string& name) { return "V" + name + std::string(1, '\0'); }
+std::string VersionKey(const std::string& name, uint64_t v) {
+  return VersionPrefix(name) + EncodeU64(v);
+}
+
+std::string EncodeRecord(const ObjectRecord& r) {
+  nlohmann::json extents = nlohmann::json::array();
+  for (const ObjectExtent& e : r.extents) extents.push_back({e.region, e.offset, e.length});
+  return nlohmann::json{{"name", r.name},
+                        {"version", r.version},
+                        {"size", r.size},
+                        {"created_ms", r.created_ms},
+                        {"extents", extents}}
+      .dump();
+}
+
+absl::StatusOr<ObjectRecord> DecodeRecord(const std::string& value) {
+  auto j = nlohmann::json::parse(value, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return absl::DataLossError("catalog: bad record");
+  try {
+    ObjectRecord r;
+    r.name = j.at("name").get<std::string>();
+    r.version = j.at("version").get<uint64_t>();
+    r.size = j.at("size").get<uint64_t>();
+    r.created_ms = j.at("created_ms").get<int64_t>();
+    for (const auto& e : j.at("extents")) {
+      r.extents.push_back({e.at(0).get<uint64_t>(), e.at(1).get<uint64_t>(),
+                           e.at(2).get<uint64_t>()});
+    }
+    return r;
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(absl::StrCat("catalog: bad record: ", e.what()));
+  }
+}
+
+std::string RandomId() {
+  std::random_device rd;
+  std::mt19937_64 gen((uint64_t{rd()} << 32) ^ rd());
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string id(16, '0');
+  for (char& c : id) c = kDigits[gen() & 0xf];
+  return id;
+}
+
+}  // namespace
+
+absl::Status ValidateObjectName(const std::string& name) {
+  if (name.empty() || name.size() > 256) {
+    return absl::InvalidArgumentError("object name must be 1 to 256 characters");
+  }
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-' || c == '/';
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          "object name may hold only letters, digits and the characters . _ - /");
+    }
+  }
+  size_t start = 0;
+  while (start <= name.size()) {
+    size_t end = name.find('/', start);
+    if (end == std::string::npos) end = name.size();
+    std::string_view seg(name.data() + start, end - start);
+    if (seg.empty() || seg == "." || seg == "..") {
+      return absl::InvalidArgumentError("object name has an empty, \".\" or \"..\" segment");
+    }
+    start = end + 1;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
+                                                       const CatalogOptions& options) {
+  std::unique_ptr<Catalog> c(new Catalog());
+  c->options_ = options;
+  rocksdb::Options opts;
+  opts.create_if_missing = true;
+  opts.create_missing_column_families = true;
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
+      {rocksdb::kDefaultColumnFamilyName, {}}, {"nodes", {}}, {"regions", {}}, {"objects", {}}};
+  rocksdb::DB* db = nullptr;
+  RETURN_IF_ERROR(FromRocksDb(rocksdb::DB::Open(opts, dir, cfs, &c->handles_, &db),
+                              absl::StrCat("open catalog ", dir)));
+  c->db_.reset(db);
+  c->meta_ = c->handles_[0];
+  c->nodes_ = c->handles_[1];
+  c->regions_ = c->handles_[2];
+  c->objects_ = c->handles_[3];
+
+  rocksdb::WriteOptions wo;
+  wo.sync = options.sync;
+  std::string value;
+  rocksdb::Status s = db->Get({}, c->meta_, kSchemaKey, &value);
+  if (s.ok() && value != kSchemaVersion) {
+    return absl::DataLossError(absl::StrCat("catalog ", dir, " has schema version ", value,
+                                            ", this ferry reads ", kSchemaVersion));
+  }
+  if (!s.ok() && !s.IsNotFound()) return FromRocksDb(s, "read schema version");
+  s = db->Get({}, c->meta_, kNodeIdKey, &c->node_id_);
+  if (s.IsNotFound()) {
+    c->node_id_ = RandomId();
+    rocksdb::WriteBatch batch;
+    batch.Put(c->meta_, kSchemaKey, kSchemaVersion);
+    batch.Put(c->meta_, kNodeIdKey, c->node_id_);
+    batch.Put(c->meta_, kNextRegionKey, EncodeU64(1));
+    batch.Put(c->nodes_, c->node_id_,
+              nlohmann::json{{"id", c->node_id_}, {"created_ms", absl::ToUnixMillis(absl::Now())}}
+                  .dump());
+    RETURN_IF_ERROR(FromRocksDb(db->Write(wo, &batch), "initialise catalog"));
+  } else {
+    RETURN_IF_ERROR(FromRocksDb(s, "read node id"));
+  }
+  // Regions are memory of the process that registered them: none survives a restart, so
+  // objects come back detached until their regions are registered again.
+  rocksdb::WriteBatch clear;
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator({}, c->regions_));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) clear.Delete(c->regions_, it->key());
+  RETURN_IF_ERROR(FromRocksDb(it->status(), "scan regions"));
+  RETURN_IF_ERROR(FromRocksDb(db->Write(wo, &clear), "clear regions"));
+  RETURN_IF_ERROR(c->LoadRegionUsers());
+  return c;
+}
+
+Catalog::~Catalog() {
+  if (db_) {
+    for (rocksdb::ColumnFamilyHandle* h : handles_) IgnoreError(FromRocksDb(db_->DestroyColumnFamilyHandle(h), "close"));
+    IgnoreError(FromRocksDb(db_->Close(), "close catalog"));
+  }
+}
+
+absl::Status Catalog::LoadRegionUsers() {
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}, objects_));
+  for (it->Seek("V"); it->Valid() && it->key().starts_with("V"); it->Next()) {
+    ASSIGN_OR_RETURN(ObjectRecord r, DecodeRecord(it->value().ToString()));
+    for (const ObjectExtent& e : r.extents) ++region_users_[e.region];
+  }
+  return FromRocksDb(it->status(), "scan objects");
+}
+
+absl::StatusOr<uint64_t> Catalog::NextRegionId() {
+  absl::MutexLock lock(&mu_);
+  std::string value;
+  RETURN_IF_ERROR(FromRocksDb(db_->Get({}, meta_, kNextRegionKey, &value), "read region id"));
+  const uint64_t id = DecodeU64(value);
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync;
+  RETURN_IF_ERROR(FromRocksDb(db_->Put(wo, meta_, kNextRegionKey, EncodeU64(id + 1)),
+                              "write region id"));
+  return id;
+}
+
+absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
+                                              const std::vector<ObjectExtent>& extents,
+                                              bool replace) {
+  RETURN_IF_ERROR(ValidateObjectName(name));
+  ObjectRecord r;
+  r.name = name;
+  r.extents = extents;
+  for (const ObjectExtent& e : extents) {
+    if (r.size + e.length < r.size) return absl::InvalidArgumentError("object size overflows");
+    r.size += e.length;
+  }
+  r.created_ms = absl::ToUnixMillis(absl::Now());
+  absl::MutexLock lock(&mu_);
+  std::string latest;
+  rocksdb::Status s = db_->Get({}, objects_, LatestKey(name), &latest);
+  if (s.ok() && !replace) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("object '", name, "' exists (version ", DecodeU64(latest),
+                     "); publish with replace=true to make a new version"));
+  }
+  if (!s.ok() && !s.IsNotFound()) return FromRocksDb(s, "read object");
+  r.version = s.ok() ? DecodeU64(latest) + 1 : 1;
+  rocksdb::WriteBatch batch;
+  batch.Put(objects_, LatestKey(name), EncodeU64(r.version));
+  batch.Put(objects_, VersionKey(name, r.version), EncodeRecord(r));
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync;
+  RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), "publish"));
+  for (const ObjectExtent& e : extents) ++region_users_[e.region];
+  return r;
+}
+
+absl::StatusOr<ObjectRecord> Catalog::Get(const std::string& name,
+                                          std::optional<uint64_t> version) const {
+  RETURN_IF_ERROR(ValidateObjectName(name));
+  uint64_t v;
+  if (version) {
+    v = *version;
+  } else {
+    std::string latest;
+    rocksdb::Status s = db_->Get({}, objects_, LatestKey(name), &latest);
+    if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat("no object '", name, "'"));
+    RETURN_IF_ERROR(FromRocksDb(s, "read object"));
+    v = DecodeU64(latest);
+  }
+  std::string value;
+  rocksdb::Status s = db_->Get({}, objects_, VersionKey(name, v), &value);
+  if (s.IsNotFound()) {
+    return absl::NotFoundError(absl::StrCat("no version ", v, " of object '", name, "'"));
+  }
+  RETURN_IF_ERROR(FromRocksDb(s, "read object"));
+  return DecodeRecord(value);
+}
+
+absl::StatusOr<std::vector<ObjectRecord>> Catalog::List(const std::string& prefix,
+                                                        const std::string& after,
+                                                        size_t limit) const {
+  std::vector<ObjectRecord> out;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}, objects_));
+  const std::string lprefix = LatestKey(prefix);
+  it->Seek(std::max(lprefix, LatestKey(after)));
+  for (; it->Valid() && out.size() < limit && it->key().starts_with(lprefix); it->Next()) {
+    std::string name = it->key().ToString().substr(1);
+    if (!after.empty() && name == after) continue;
+    std::string value;
+    RETURN_IF_ERROR(FromRocksDb(
+        db_->Get({}, objects_, VersionKey(name, DecodeU64(it->value().ToString())), &value),
+        "read object"));
+    ASSIGN_OR_RETURN(ObjectRecord r, DecodeRecord(value));
+    out.push_back(std::move(r));
+  }
+  RETURN_IF_ERROR(FromRocksDb(it->status(), "list objects"));
+  return out;
+}
+
+absl::Status Catalog::Delete(const std::string& name) {
+  RETURN_IF_ERROR(ValidateObjectName(name));
+  absl::MutexLock lock(&mu_);
+  std::string latest;
+  rocksdb::Status s = db_->Get({}, objects_, LatestKey(name), &latest);
+  if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat("no object '", name, "'"));
+  RETURN_IF_ERROR(FromRocksDb(s, "read object"));
+  rocksdb::WriteBatch batch;
+  batch.Delete(objects_, LatestKey(name));
+  std::vector<ObjectRecord> removed;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}, objects_));
+  const std::string vprefix = VersionPrefix(name);
+  for (it->Seek(vprefix); it->Valid() && it->key().starts_with(vprefix); it->Next()) {
+    ASSIGN_OR_RETURN(ObjectRecord r, DecodeRecord(it->value().ToString()));
+    removed.push_back(std::move(r));
+    batch.Delete(objects_, it->key());
+  }
+  RETURN_IF_ERROR(FromRocksDb(it->status(), "scan versions"));
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync;
+  RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), "delete object"));
+  for (const ObjectRecord& r : removed) {
+    for (const ObjectExtent& e : r.extents) {
+      if (--region_users_[e.region] == 0) region_users_.erase(e.region);
+    }
+  }
+  return absl::OkStatus();
+}
+
+size_t Catalog::RegionUsers(uint64_t region) const {
+  absl::MutexLock lock(&mu_);
+  auto it = region_users_.find(region);
+  return it == region_users_.end() ? 0 : it->second;
+}
+
+}  // namespace ferry::metadata

@@ -1,0 +1,125 @@
+#include "metadata/catalog.h"
+
+#include <gmock/gmock.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "tests/testing/status_matchers.h"
+
+namespace ferry::metadata {
+namespace {
+
+using ::ferry::testing::StatusIs;
+
+class CatalogTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("ferry-catalog-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    ASSERT_OK_AND_ASSIGN(catalog_, Catalog::Open(dir_.string(), {.sync = false}));
+  }
+  void TearDown() override {
+    catalog_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  void Reopen() {
+    catalog_.reset();
+    ASSERT_OK_AND_ASSIGN(catalog_, Catalog::Open(dir_.string(), {.sync = false}));
+  }
+  std::filesystem::path dir_;
+  std::unique_ptr<Catalog> catalog_;
+};
+
+TEST_F(CatalogTest, PublishedObjectsComeBackAfterReopenWithNamesVersionsAndLayouts) {
+  std::vector<ObjectExtent> layout = {{1, 0, 100}, {2, 4096, 28}};
+  ASSERT_OK_AND_ASSIGN(ObjectRecord r, catalog_->Publish("models/llama/w0", layout, false));
+  EXPECT_EQ(r.version, 1u);
+  EXPECT_EQ(r.size, 128u);
+  ASSERT_OK_AND_ASSIGN(ObjectRecord r2, catalog_->Publish("models/llama/w0", {{3, 0, 5}}, true));
+  EXPECT_EQ(r2.version, 2u);
+  const std::string id = catalog_->node_id();
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  EXPECT_EQ(catalog_->node_id(), id);
+  ASSERT_OK_AND_ASSIGN(ObjectRecord latest, catalog_->Get("models/llama/w0"));
+  EXPECT_EQ(latest.version, 2u);
+  EXPECT_EQ(latest.extents, (std::vector<ObjectExtent>{{3, 0, 5}}));
+  ASSERT_OK_AND_ASSIGN(ObjectRecord v1, catalog_->Get("models/llama/w0", 1));
+  EXPECT_EQ(v1.extents, layout);
+  EXPECT_EQ(catalog_->RegionUsers(1), 1u);
+  EXPECT_EQ(catalog_->RegionUsers(3), 1u);
+}
+
+TEST_F(CatalogTest, PublishingAnExistingNameWithoutReplaceIsAlreadyExistsAndChangesNothing) {
+  ASSERT_OK(catalog_->Publish("a", {{1, 0, 10}}, false).status());
+  EXPECT_THAT(catalog_->Publish("a", {{9, 0, 99}}, false),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  ASSERT_OK_AND_ASSIGN(ObjectRecord r, catalog_->Get("a"));
+  EXPECT_EQ(r.version, 1u);
+  EXPECT_EQ(r.size, 10u);
+  EXPECT_EQ(catalog_->RegionUsers(9), 0u);
+}
+
+TEST_F(CatalogTest, UnknownNamesAndVersionsAreNotFound) {
+  EXPECT_THAT(catalog_->Get("nope"), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK(catalog_->Publish("a", {{1, 0, 10}}, false).status());
+  EXPECT_THAT(catalog_->Get("a", 2), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(catalog_->Delete("nope"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(CatalogTest, ListsByPrefixInNameOrderWithPaging) {
+  for (const char* n : {"b/2", "a/1", "b/1", "b/3", "c"}) {
+    ASSERT_OK(catalog_->Publish(n, {{1, 0, 1}}, false).status());
+  }
+  ASSERT_OK_AND_ASSIGN(auto page1, catalog_->List("b/", "", 2));
+  ASSERT_EQ(page1.size(), 2u);
+  EXPECT_EQ(page1[0].name, "b/1");
+  EXPECT_EQ(page1[1].name, "b/2");
+  ASSERT_OK_AND_ASSIGN(auto page2, catalog_->List("b/", "b/2", 2));
+  ASSERT_EQ(page2.size(), 1u);
+  EXPECT_EQ(page2[0].name, "b/3");
+  ASSERT_OK_AND_ASSIGN(auto all, catalog_->List("", "", 100));
+  EXPECT_EQ(all.size(), 5u);
+}
+
+TEST_F(CatalogTest, DeleteRemovesEveryVersionAndReleasesRegions) {
+  ASSERT_OK(catalog_->Publish("a", {{1, 0, 10}}, false).status());
+  ASSERT_OK(catalog_->Publish("a", {{2, 0, 10}}, true).status());
+  ASSERT_OK(catalog_->Delete("a"));
+  EXPECT_THAT(catalog_->Get("a", 1), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(catalog_->RegionUsers(1), 0u);
+  EXPECT_EQ(catalog_->RegionUsers(2), 0u);
+  ASSERT_OK_AND_ASSIGN(ObjectRecord again, catalog_->Publish("a", {{1, 0, 1}}, false));
+  EXPECT_EQ(again.version, 1u);
+}
+
+TEST_F(CatalogTest, RegionIdsAreNeverReusedAcrossRestarts) {
+  ASSERT_OK_AND_ASSIGN(uint64_t a, catalog_->NextRegionId());
+  ASSERT_OK_AND_ASSIGN(uint64_t b, catalog_->NextRegionId());
+  EXPECT_NE(a, b);
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  ASSERT_OK_AND_ASSIGN(uint64_t c, catalog_->NextRegionId());
+  EXPECT_GT(c, b);
+}
+
+TEST_F(CatalogTest, BadNamesAreRefused) {
+  for (const std::string& bad :
+       {std::string(""), std::string(257, 'a'), std::string("a//b"), std::string("/a"),
+        std::string("a/"), std::string("a/./b"), std::string("../a"), std::string("a b"),
+        std::string("a%2Fb"), std::string("a\0b", 3)}) {
+    EXPECT_THAT(catalog_->Publish(bad, {{1, 0, 1}}, false),
+                StatusIs(absl::StatusCode::kInvalidArgument))
+        << bad;
+  }
+  EXPECT_OK(ValidateObjectName(std::string(256, 'a')));
+  EXPECT_OK(ValidateObjectName("A.b_c-d/e.f/..g"));
+}
+
+TEST_F(CatalogTest, SecondOpenOfALockedStoreIsUnavailable) {
+  EXPECT_THAT(Catalog::Open(dir_.string()), StatusIs(absl::StatusCode::kUnavailable));
+}
+
+}  // namespace
+}  // namespace ferry::metadata
