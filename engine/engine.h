@@ -43,6 +43,10 @@ struct EngineOptions {
   uint64_t max_write = uint64_t{1} << 20;
   // WRITEs in flight per rail; capped by the provider's tx size. Default: 0 (the tx size).
   size_t tx_depth = 0;
+  // Bytes in flight per rail (a WRITE is always allowed when none is): enough to cover the
+  // rail's bandwidth-delay product; more only queues inside the provider and the kernel.
+  // Default: 4 MiB.
+  uint64_t max_inflight_bytes = uint64_t{4} << 20;
   // Pre-posted control receive buffers per rail. Default: 64.
   size_t recv_pool = 64;
   // Largest control message payload. Default: 4096.

@@ -309,11 +309,17 @@ bool ProgressGroup::PostWrites(RailState& rs) {
   bool posted = false;
   size_t burst = 0;
   WriteOp* op = PopLive(rs);
-  while (op != nullptr && rs.in_flight < rs.depth) {
+  auto room = [&](const WriteOp* w) {
+    return rs.in_flight < rs.depth &&
+           (rs.in_flight == 0 || rs.in_flight_bytes + w->length <= options_.max_inflight_bytes);
+  };
+  while (op != nullptr && room(op)) {
     rs.queue.pop_front();
     WriteOp* next = PopLive(rs);
     ++burst;
-    const bool more = next != nullptr && burst < kPostBurst && rs.in_flight + 1 < rs.depth;
+    ++rs.in_flight;  // counted before the post: `more` must know whether `next` fits
+    rs.in_flight_bytes += op->length;
+    const bool more = next != nullptr && burst < kPostBurst && room(next);
     iovec iov = {op->local, op->length};
     fi_rma_iov rma = {op->remote_addr, op->length, op->key};
     fi_msg_rma msg = {};
@@ -335,11 +341,12 @@ bool ProgressGroup::PostWrites(RailState& rs) {
     if (op->immediate) flags |= FI_REMOTE_CQ_DATA;
     ssize_t rc = fi_writemsg(rs.rail->ep(), &msg, flags);
     if (rc == -FI_EAGAIN) {
+      --rs.in_flight;
+      rs.in_flight_bytes -= op->length;
       rs.queue.push_front(op);
       break;
     }
     if (burst == kPostBurst) burst = 0;
-    ++rs.in_flight;
     if (rc != 0) {
       OnWriteDone(op, FiError(rc, "fi_writemsg"));
       next = PopLive(rs);  // the failure may have purged the queue
@@ -419,6 +426,7 @@ void ProgressGroup::QueueTail(const std::shared_ptr<TransferState>& transfer) {
 void ProgressGroup::OnWriteDone(WriteOp* op, const absl::Status& status) {
   RailState& rs = *rails_[op->rail];
   --rs.in_flight;
+  rs.in_flight_bytes -= op->length;
   Part* part = op->part;
   std::shared_ptr<TransferState> t = part->transfer;  // keeps t alive past ResolveOp
   if (!status.ok()) t->Finish(status);

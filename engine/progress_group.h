@@ -141,6 +141,7 @@ class ProgressGroup {
     std::unique_ptr<Rail> rail;
     std::deque<WriteOp*> queue;  // the application-level queue: WRITEs not yet posted
     size_t in_flight = 0;
+    uint64_t in_flight_bytes = 0;
     size_t depth = 0;
     // Control: one registered arena of receive buffers then send slots.
     std::vector<char> arena;

@@ -44,6 +44,7 @@ struct EngineFlags {
   size_t threads = 1;
   size_t window = 64;
   size_t depth = 0;
+  uint64_t inflight = 0;
   bool json = false;
   bool verify = false;
 };
@@ -145,6 +146,7 @@ class EngineSession {
     o.progress_threads = f.threads;
     o.max_write = piece;
     o.tx_depth = f.depth;
+    if (f.inflight != 0) o.max_inflight_bytes = f.inflight;
     ASSIGN_OR_RETURN(s->engine_, engine::Engine::Create(o));
     ASSIGN_OR_RETURN(s->region_, s->engine_->RegisterMemory(src, f.total, engine::Device::Host()));
     ASSIGN_OR_RETURN(engine::PeerAddress address, testing::AddressFromJson(hello["address"]));
@@ -344,6 +346,7 @@ int main(int argc, char** argv) {
   eng->add_option("--threads", ef.threads, "progress threads per engine");
   eng->add_option("--window", ef.window, "raw baseline: WRITEs in flight");
   eng->add_option("--depth", ef.depth, "engine: WRITEs in flight per rail (0: provider's tx size)");
+  eng->add_option("--inflight", ef.inflight, "engine: bytes in flight per rail (0: default)");
   eng->add_flag("--json", ef.json, "one JSON object per row");
   eng->add_flag("--verify", ef.verify, "check every byte after each configuration");
   std::string raw_provider = "tcp", raw_domain = "lo";
