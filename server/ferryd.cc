@@ -1,0 +1,114 @@
+// ferryd: a ferry node as a daemon. See --help.
+#include <httplib.h>
+#include <signal.h>
+
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "server/http_api.h"
+#include "server/node.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+bool IsLoopback(const std::string& host) {
+  return host == "127.0.0.1" || host == "localhost" || host == "::1" ||
+         host.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_default_logger(spdlog::stderr_color_mt("ferryd"));
+  CLI::App app{"ferryd: a ferry node (engine, RocksDB catalog, HTTP API)"};
+  std::string listen = "127.0.0.1:7070", token_file;
+  bool insecure = false;
+  ferry::server::NodeOptions options;
+  ferry::server::HttpOptions http;
+  size_t max_body_mb = 1024;
+  app.add_option("--listen", listen, "HOST:PORT to serve HTTP on (port 0: any free port)")
+      ->capture_default_str();
+  app.add_option("--data-dir", options.data_dir, "catalog directory")->capture_default_str();
+  app.add_option("--provider", options.engine.provider, "auto, tcp, shm, efa or verbs")
+      ->capture_default_str();
+  app.add_option("--domain", options.engine.domains, "libfabric domain(s) to open rails on");
+  app.add_option("--rails", options.engine.rails, "number of rails")->capture_default_str();
+  app.add_option("--token-file", token_file, "file with the bearer token clients must send");
+  app.add_flag("--insecure", insecure, "allow a non-loopback --listen without a token");
+  app.add_option("--max-body-mb", max_body_mb, "largest request body, MiB")->capture_default_str();
+  app.add_option("--max-extents", options.max_extents, "most extents per request")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  const size_t colon = listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    std::cerr << "ferryd: --listen must be HOST:PORT\n";
+    return 2;
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    if (!in || !std::getline(in, http.token) || http.token.empty()) {
+      std::cerr << "ferryd: cannot read a token from " << token_file << "\n";
+      return 2;
+    }
+  }
+  if (http.token.empty() && !IsLoopback(host) && !insecure) {
+    std::cerr << "ferryd: refusing to listen on " << host
+              << " without --token-file (or --insecure)\n";
+    return 2;
+  }
+  options.peer_token = http.token;
+  http.max_body = max_body_mb << 20;
+
+  // Signals are taken by a thread of their own (sigwait), so they never interrupt libfabric.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto node = ferry::server::Node::Open(options);
+  if (!node.ok()) {
+    std::cerr << "ferryd: " << node.status() << "\n";
+    return 1;
+  }
+  httplib::Server server;
+  ferry::server::InstallRoutes(server, **node, http);
+  const int bound = port == 0 ? server.bind_to_any_port(host.c_str())
+                              : (server.bind_to_port(host.c_str(), port) ? port : -1);
+  if (bound < 0) {
+    std::cerr << "ferryd: cannot listen on " << listen << "\n";
+    return 1;
+  }
+  // One line on stdout for whoever started us: where we listen and who we are.
+  std::cout << nlohmann::json{{"listen", host + ":" + std::to_string(bound)},
+                              {"node", (*node)->id()}}
+                   .dump()
+            << std::endl;
+  spdlog::info("node {} listening on {}:{} with {} rail(s) of {}", (*node)->id(), host, bound,
+               (*node)->engine().rails().size(), (*node)->engine().rails()[0].provider);
+  std::thread waiter([&server, signals] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info("signal {}: stopping", sig);
+    server.stop();
+  });
+  server.listen_after_bind();
+  // listen_after_bind returns after stop(): in-flight requests have been answered.
+  if (waiter.joinable()) {
+    pthread_kill(waiter.native_handle(), SIGTERM);  // in case we stopped for another reason
+    waiter.join();
+  }
+  node->reset();  // drains pulls, closes the engine, flushes and closes the catalog
+  spdlog::info("stopped");
+  return 0;
+}

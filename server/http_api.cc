@@ -1,0 +1,281 @@
+#include "server/http_api.h"
+
+#include <httplib.h>
+
+#include <optional>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "engine/status.h"
+#include "server/http_status.h"
+
+namespace ferry::server {
+namespace {
+
+void WriteJson(httplib::Response& res, const nlohmann::json& body, int status = 200) {
+  res.status = status;
+  res.set_content(body.dump(), "application/json");
+}
+
+template <typename T>
+void WriteResponse(httplib::Response& res, const absl::StatusOr<T>& result, int status = 200) {
+  if (!result.ok()) return WriteError(res, result.status());
+  WriteJson(res, ToJson(*result), status);
+}
+
+absl::StatusOr<nlohmann::json> ParseBody(const httplib::Request& req) {
+  auto j = nlohmann::json::parse(req.body, nullptr, false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("request body is not valid JSON");
+  if (!j.is_object()) return absl::InvalidArgumentError("request body must be a JSON object");
+  return j;
+}
+
+absl::StatusOr<std::optional<uint64_t>> VersionParam(const httplib::Request& req) {
+  if (!req.has_param("version")) return std::optional<uint64_t>();
+  uint64_t v;
+  if (!absl::SimpleAtoi(req.get_param_value("version"), &v) || v == 0) {
+    return absl::InvalidArgumentError("version must be a positive integer");
+  }
+  return std::optional<uint64_t>(v);
+}
+
+absl::StatusOr<bool> BoolParam(const httplib::Request& req, const char* name) {
+  if (!req.has_param(name)) return false;
+  const std::string v = req.get_param_value(name);
+  if (v == "true" || v == "1") return true;
+  if (v == "false" || v == "0") return false;
+  return absl::InvalidArgumentError(absl::StrCat(name, " must be true or false"));
+}
+
+// Object routes name the object in one path segment of the raw target ("/" written %2F),
+// optionally followed by "/data" or "/pull".
+struct ObjectTarget {
+  std::string name;
+  std::string action;  // "", "data" or "pull"
+};
+
+absl::StatusOr<ObjectTarget> ParseObjectTarget(const httplib::Request& req) {
+  std::string raw = req.target.substr(0, req.target.find('?'));
+  constexpr std::string_view kPrefix = "/v1/objects/";
+  if (raw.rfind(kPrefix, 0) != 0) return absl::NotFoundError("no such route");
+  raw = raw.substr(kPrefix.size());
+  ObjectTarget t;
+  const size_t slash = raw.find('/');
+  if (slash != std::string::npos) {
+    t.action = raw.substr(slash + 1);
+    raw = raw.substr(0, slash);
+    if (t.action != "data" && t.action != "pull") return absl::NotFoundError("no such route");
+  }
+  t.name = httplib::detail::decode_url(raw, false);
+  return t;
+}
+
+absl::StatusOr<std::vector<metadata::ObjectExtent>> ParseExtents(const nlohmann::json& body) {
+  auto it = body.find("extents");
+  if (it == body.end() || !it->is_array()) {
+    return absl::InvalidArgumentError("\"extents\" must be an array");
+  }
+  std::vector<metadata::ObjectExtent> out;
+  for (const auto& e : *it) {
+    if (!e.is_object()) return absl::InvalidArgumentError("an extent must be an object");
+    metadata::ObjectExtent x;
+    for (auto [field, dst] : {std::pair{"region", &x.region}, std::pair{"offset", &x.offset},
+                              std::pair{"length", &x.length}}) {
+      auto f = e.find(field);
+      if (f == e.end() || !f->is_number_unsigned()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("extent field \"", field, "\" must be an unsigned integer"));
+      }
+      *dst = f->get<uint64_t>();
+    }
+    out.push_back(x);
+  }
+  return out;
+}
+
+// GET /v1/objects/{name}/data. cpp-httplib applies Range headers itself (206, 416) and asks
+// the provider only for the bytes it sends, in pieces of at most 1 MiB.
+void GetData(Node& node, const std::string& name, const httplib::Request& req,
+             httplib::Response& res) {
+  auto version = VersionParam(req);
+  if (!version.ok()) return WriteError(res, version.status());
+  auto obj = node.Describe(name, *version);
+  if (!obj.ok()) return WriteError(res, obj.status());
+  if (obj->detached) {
+    return WriteError(res, Conflict("object '" + name + "' is detached: its regions are not "
+                                    "registered since the node restarted"));
+  }
+  // httplib 0.11.4 answers 206 even for a range that starts past the end: refuse it here.
+  const auto size = static_cast<ssize_t>(obj->record.size);
+  for (const auto& [first, last] : req.ranges) {
+    if ((first >= 0 && first >= size) || (first < 0 && last == 0) ||
+        (first >= 0 && last >= 0 && last < first)) {
+      res.set_header("Content-Range", "bytes */" + std::to_string(obj->record.size));
+      WriteError(res, absl::OutOfRangeError("range not satisfiable"));
+      res.status = 416;
+      return;
+    }
+  }
+  res.set_header("X-Ferry-Version", std::to_string(obj->record.version));
+  res.set_content_provider(
+      obj->record.size, "application/octet-stream",
+      [&node, record = obj->record](size_t offset, size_t length, httplib::DataSink& sink) {
+        std::string chunk;
+        const uint64_t n = std::min<uint64_t>(length, uint64_t{1} << 20);
+        if (!node.ReadData(record, offset, n, &chunk).ok()) return false;
+        return sink.write(chunk.data(), chunk.size());
+      });
+}
+
+void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res) {
+  auto target = ParseObjectTarget(req);
+  if (!target.ok()) return WriteError(res, target.status());
+  const std::string& name = target->name;
+  if (absl::Status s = metadata::ValidateObjectName(name); !s.ok()) return WriteError(res, s);
+  const std::string& m = req.method;
+  if (target->action.empty()) {
+    if (m == "GET") {
+      auto version = VersionParam(req);
+      if (!version.ok()) return WriteError(res, version.status());
+      return WriteResponse(res, node.Describe(name, *version));
+    }
+    if (m == "DELETE") {
+      absl::Status s = node.Delete(name);
+      if (!s.ok()) return WriteError(res, s);
+      return WriteJson(res, {{"deleted", name}});
+    }
+    if (m == "PUT") {
+      auto body = ParseBody(req);
+      if (!body.ok()) return WriteError(res, body.status());
+      auto extents = ParseExtents(*body);
+      if (!extents.ok()) return WriteError(res, extents.status());
+      auto replace = BoolParam(req, "replace");
+      if (!replace.ok()) return WriteError(res, replace.status());
+      return WriteResponse(res, node.Publish(name, *extents, *replace), 201);
+    }
+  } else if (target->action == "data") {
+    if (m == "GET") return GetData(node, name, req, res);
+    if (m == "PUT") {
+      auto replace = BoolParam(req, "replace");
+      if (!replace.ok()) return WriteError(res, replace.status());
+      return WriteResponse(res, node.PutData(name, req.body, *replace), 201);
+    }
+  } else if (m == "POST") {  // pull
+    auto body = ParseBody(req);
+    if (!body.ok()) return WriteError(res, body.status());
+    return WriteResponse(res, node.ServePull(name, *body));
+  }
+  WriteError(res, absl::UnimplementedError(absl::StrCat(m, " is not allowed here")));
+  res.status = 405;
+}
+
+}  // namespace
+
+void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& options) {
+  server.set_payload_max_length(options.max_body);
+  server.set_pre_routing_handler([options](const httplib::Request& req, httplib::Response& res) {
+    if (options.token.empty() || req.path == "/v1/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (req.get_header_value("Authorization") == "Bearer " + options.token) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    WriteError(res, absl::UnauthenticatedError("missing or wrong bearer token"));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // Answers httplib produces itself (413 for a body over the limit, 404 for no route) get
+  // the error shape too.
+  server.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const absl::Status s =
+        res.status == 413 ? TooLarge("request body over the limit")
+        : res.status == 404 ? absl::NotFoundError("no such route")
+                            : absl::Status(absl::StatusCode::kUnknown,
+                                           absl::StrCat("HTTP ", res.status));
+    res.set_content(ErrorBody(s).dump(), "application/json");
+  });
+  server.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+        WriteError(res, absl::InternalError("unexpected exception"));
+      });
+
+  server.Get("/v1/health", [](const httplib::Request&, httplib::Response& res) {
+    WriteJson(res, {{"status", "ok"}});
+  });
+  server.Get("/v1/node", [&node](const httplib::Request&, httplib::Response& res) {
+    WriteJson(res, node.Info());
+  });
+  server.Post("/v1/regions", [&node](const httplib::Request& req, httplib::Response& res) {
+    auto body = ParseBody(req);
+    if (!body.ok()) return WriteError(res, body.status());
+    if (body->contains("device") && !(*body)["device"].is_string()) {
+      return WriteError(res, absl::InvalidArgumentError("\"device\" must be a string"));
+    }
+    const std::string device = body->value("device", std::string("host"));
+    auto size = body->find("size");
+    if (size == body->end() || !size->is_number_unsigned()) {
+      return WriteError(res, absl::InvalidArgumentError("\"size\" must be an unsigned integer"));
+    }
+    auto dev = engine::Device::Parse(device);
+    if (!dev.ok()) return WriteError(res, dev.status());
+    WriteResponse(res, node.AllocateRegion(*dev, size->get<uint64_t>()), 201);
+  });
+  server.Get("/v1/regions", [&node](const httplib::Request&, httplib::Response& res) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const RegionInfo& r : node.Regions()) out.push_back(ToJson(r));
+    WriteJson(res, {{"regions", out}});
+  });
+  server.Delete(R"(/v1/regions/(\d+))", [&node](const httplib::Request& req,
+                                               httplib::Response& res) {
+    uint64_t id;
+    if (!absl::SimpleAtoi(req.matches[1].str(), &id)) {
+      return WriteError(res, absl::InvalidArgumentError("bad region id"));
+    }
+    absl::Status s = node.DeleteRegion(id);
+    if (!s.ok()) return WriteError(res, s);
+    WriteJson(res, {{"deleted", id}});
+  });
+  server.Get("/v1/objects", [&node](const httplib::Request& req, httplib::Response& res) {
+    size_t limit = 100;
+    if (req.has_param("limit") &&
+        (!absl::SimpleAtoi(req.get_param_value("limit"), &limit) || limit == 0 ||
+         limit > 10000)) {
+      return WriteError(res, absl::InvalidArgumentError("limit must be 1 to 10000"));
+    }
+    auto objects = node.List(req.get_param_value("prefix"), req.get_param_value("after"), limit);
+    if (!objects.ok()) return WriteError(res, objects.status());
+    nlohmann::json out = nlohmann::json::array();
+    for (const ObjectView& o : *objects) out.push_back(ToJson(o));
+    WriteJson(res, {{"objects", out}});
+  });
+  server.Post("/v1/pulls", [&node](const httplib::Request& req, httplib::Response& res) {
+    auto body = ParseBody(req);
+    if (!body.ok()) return WriteError(res, body.status());
+    auto from = body->find("from");
+    auto object = body->find("object");
+    if (from == body->end() || !from->is_string() || object == body->end() ||
+        !object->is_string()) {
+      return WriteError(res,
+                        absl::InvalidArgumentError("\"from\" and \"object\" must be strings"));
+    }
+    std::optional<uint64_t> version;
+    if (body->contains("version")) {
+      if (!(*body)["version"].is_number_unsigned()) {
+        return WriteError(res, absl::InvalidArgumentError("\"version\" must be unsigned"));
+      }
+      version = (*body)["version"].get<uint64_t>();
+    }
+    nlohmann::json into = body->value("into", nlohmann::json{{"device", "host"}});
+    std::string as = body->contains("as") && (*body)["as"].is_string() ? (*body)["as"].get<std::string>() : "";
+    const bool replace = body->value("replace", false);
+    WriteResponse(res, node.Pull(from->get<std::string>(), object->get<std::string>(), version,
+                                 into, as, replace));
+  });
+  auto objects = [&node](const httplib::Request& req, httplib::Response& res) {
+    ObjectRoute(node, req, res);
+  };
+  server.Get("/v1/objects/(.+)", objects);
+  server.Put("/v1/objects/(.+)", objects);
+  server.Delete("/v1/objects/(.+)", objects);
+  server.Post("/v1/objects/(.+)", objects);
+}
+
+}  // namespace ferry::server

@@ -1,0 +1,27 @@
+// The HTTP API v1 on a cpp-httplib server, over a Node. See README.md, "HTTP API".
+#ifndef FERRY_SERVER_HTTP_API_H_
+#define FERRY_SERVER_HTTP_API_H_
+
+#include <string>
+
+#include "server/node.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace ferry::server {
+
+struct HttpOptions {
+  // Bearer token every route but /v1/health requires. Default: empty (no auth).
+  std::string token;
+  // Largest request body. Default: 1 GiB.
+  size_t max_body = size_t{1} << 30;
+};
+
+// Installs every route on `server`; `node` must outlive it.
+void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& options);
+
+}  // namespace ferry::server
+
+#endif  // FERRY_SERVER_HTTP_API_H_

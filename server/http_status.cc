@@ -1,0 +1,86 @@
+#include "server/http_status.h"
+
+#include <httplib.h>
+
+#include "absl/strings/str_cat.h"
+#include "server/node.h"
+
+namespace ferry::server {
+
+int HttpStatusFor(const absl::Status& s) {
+  if (auto forced = HttpStatusOverride(s)) return *forced;
+  switch (s.code()) {
+    case absl::StatusCode::kOk: return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange: return 400;
+    case absl::StatusCode::kUnauthenticated: return 401;
+    case absl::StatusCode::kPermissionDenied: return 403;
+    case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted: return 409;
+    case absl::StatusCode::kResourceExhausted: return 429;
+    case absl::StatusCode::kUnimplemented: return 501;
+    case absl::StatusCode::kUnavailable: return 503;
+    case absl::StatusCode::kDeadlineExceeded: return 504;
+    default: return 500;
+  }
+}
+
+nlohmann::json ErrorBody(const absl::Status& s) {
+  return {{"error",
+           {{"code", absl::StatusCodeToString(s.code())}, {"message", std::string(s.message())}}}};
+}
+
+void WriteError(httplib::Response& res, const absl::Status& s) {
+  res.status = HttpStatusFor(s);
+  res.set_content(ErrorBody(s).dump(), "application/json");
+}
+
+namespace {
+absl::StatusCode CodeFromName(const std::string& name) {
+  for (int c = 0; c <= 16; ++c) {
+    auto code = static_cast<absl::StatusCode>(c);
+    if (absl::StatusCodeToString(code) == name) return code;
+  }
+  return absl::StatusCode::kUnknown;
+}
+}  // namespace
+
+absl::Status StatusFromResult(const httplib::Result& result, const std::string& context) {
+  if (!result) {
+    const httplib::Error e = result.error();
+    std::string msg = absl::StrCat(context, ": no response (", httplib::to_string(e), ")");
+    if (e == httplib::Error::Read || e == httplib::Error::ConnectionTimeout) {
+      return absl::DeadlineExceededError(msg);
+    }
+    return absl::UnavailableError(msg);
+  }
+  if (result->status >= 200 && result->status < 300) return absl::OkStatus();
+  auto j = nlohmann::json::parse(result->body, nullptr, false);
+  if (!j.is_discarded() && j.contains("error") && j["error"].is_object()) {
+    const auto& e = j["error"];
+    absl::Status s(CodeFromName(e.value("code", "UNKNOWN")),
+                   absl::StrCat(context, ": ", e.value("message", "")));
+    if (result->status == 409 && s.code() == absl::StatusCode::kFailedPrecondition) {
+      return Conflict(s.message());
+    }
+    if (result->status == 413) return TooLarge(s.message());
+    return s;
+  }
+  return absl::UnknownError(absl::StrCat(context, ": HTTP ", result->status));
+}
+
+std::string EncodeName(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    if (c == '/') {
+      out += "%2F";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace ferry::server

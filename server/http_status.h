@@ -1,0 +1,37 @@
+// The one mapping between absl::Status and HTTP (STYLE.md's table), used by the routes, by
+// the node when it calls other nodes, and by the client library.
+#ifndef FERRY_SERVER_HTTP_STATUS_H_
+#define FERRY_SERVER_HTTP_STATUS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "nlohmann/json.hpp"
+
+namespace httplib {
+struct Response;
+class Result;
+}  // namespace httplib
+
+namespace ferry::server {
+
+// 400 INVALID_ARGUMENT / FAILED_PRECONDITION / OUT_OF_RANGE, 401 UNAUTHENTICATED,
+// 403 PERMISSION_DENIED, 404 NOT_FOUND, 409 ALREADY_EXISTS / ABORTED, 413 (an explicit
+// override), 429 RESOURCE_EXHAUSTED, 501 UNIMPLEMENTED, 503 UNAVAILABLE, 504
+// DEADLINE_EXCEEDED, 500 otherwise. A status may carry an override (Conflict, TooLarge).
+int HttpStatusFor(const absl::Status& s);
+// {"error":{"code":"NOT_FOUND","message":"..."}}
+nlohmann::json ErrorBody(const absl::Status& s);
+// Writes `s` as the response: its HTTP status and error body.
+void WriteError(httplib::Response& res, const absl::Status& s);
+// Reads a client call's outcome back into a Status: no response is kUnavailable (or
+// kDeadlineExceeded on a timeout); an error body gives its code and message; `context`
+// is prefixed.
+absl::Status StatusFromResult(const httplib::Result& result, const std::string& context);
+
+// An object name as one URL path segment: "/" is written %2F.
+std::string EncodeName(const std::string& name);
+
+}  // namespace ferry::server
+
+#endif  // FERRY_SERVER_HTTP_STATUS_H_

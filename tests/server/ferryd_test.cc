@@ -1,0 +1,468 @@
+// ferryd end to end: real ferryd processes on loopback, real HTTP, real RocksDB, real
+// libfabric (tcp provider) between them.
+#include <gmock/gmock.h>
+#include <httplib.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
+
+namespace ferry {
+namespace {
+
+using ::ferry::testing::Subprocess;
+using json = nlohmann::json;
+constexpr char kOctet[] = "application/octet-stream";
+
+std::filesystem::path TempDir(const std::string& tag) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("ferryd-test-" + std::to_string(getpid()) + "-" + tag);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// A ferryd process on an ephemeral loopback port.
+class Ferryd {
+ public:
+  explicit Ferryd(std::filesystem::path data_dir, std::vector<std::string> extra = {})
+      : data_dir_(std::move(data_dir)), extra_(std::move(extra)) {}
+  void Start() {
+    std::vector<std::string> argv = {FERRYD_PATH,  "--listen", "127.0.0.1:0", "--data-dir",
+                                     data_dir_.string(), "--domain", "lo", "--rails", "2"};
+    argv.insert(argv.end(), extra_.begin(), extra_.end());
+    auto p = Subprocess::Spawn(argv);
+    ASSERT_TRUE(p.ok()) << p.status();
+    proc_ = std::move(*p);
+    auto line = proc_->ReadLine(absl::Seconds(30));
+    ASSERT_TRUE(line.ok()) << line.status();
+    auto j = json::parse(*line);
+    url_ = "http://" + j["listen"].get<std::string>();
+    id_ = j["node"].get<std::string>();
+  }
+  void Kill9() {
+    proc_->Kill(SIGKILL);
+    proc_->Wait();
+  }
+  int Stop() {
+    proc_->Kill(SIGTERM);
+    return proc_->Wait();
+  }
+  httplib::Client Client(const std::string& token = "") const {
+    httplib::Client c(url_);
+    c.set_read_timeout(120);
+    if (!token.empty()) c.set_bearer_token_auth(token.c_str());
+    return c;
+  }
+  const std::string& url() const { return url_; }
+  const std::string& id() const { return id_; }
+
+ private:
+  std::filesystem::path data_dir_;
+  std::vector<std::string> extra_;
+  std::unique_ptr<Subprocess> proc_;
+  std::string url_, id_;
+};
+
+std::string ErrorCode(const httplib::Result& r) {
+  if (!r) return "NO RESPONSE";
+  auto j = json::parse(r->body, nullptr, false);
+  if (j.is_discarded() || !j.contains("error")) return "NO ERROR BODY: " + r->body;
+  return j["error"]["code"].get<std::string>();
+}
+
+// Asserts status code and error code of a response.
+#define EXPECT_HTTP_ERROR(result, http_status, error_code)        \
+  do {                                                            \
+    auto&& r_ = (result);                                         \
+    ASSERT_TRUE(r_) << "no response";                             \
+    EXPECT_EQ(r_->status, http_status) << r_->body;               \
+    EXPECT_EQ(ErrorCode(r_), error_code) << r_->body;             \
+  } while (0)
+
+std::string RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t v = rng();
+    memcpy(s.data() + i, &v, std::min<size_t>(8, n - i));
+  }
+  return s;
+}
+
+class FerrydTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    a_ = std::make_unique<Ferryd>(TempDir("a"));
+    ASSERT_NO_FATAL_FAILURE(a_->Start());
+  }
+  void TearDown() override {
+    a_.reset();
+    b_.reset();
+    std::filesystem::remove_all(TempDir("a"));
+    std::filesystem::remove_all(TempDir("b"));
+  }
+  void StartB() {
+    b_ = std::make_unique<Ferryd>(TempDir("b"));
+    ASSERT_NO_FATAL_FAILURE(b_->Start());
+  }
+  // Uploads `bytes` as `name` on `node` and returns its region id.
+  uint64_t Upload(Ferryd& node, const std::string& name, const std::string& bytes) {
+    auto r = node.Client().Put(("/v1/objects/" + name + "/data").c_str(), bytes, kOctet);
+    EXPECT_TRUE(r && r->status == 201) << (r ? r->body : "no response");
+    return r ? json::parse(r->body)["extents"][0]["region"].get<uint64_t>() : 0;
+  }
+  json ObjectList(Ferryd& node) {
+    auto r = node.Client().Get("/v1/objects?limit=1000");
+    return r ? json::parse(r->body) : json();
+  }
+  std::unique_ptr<Ferryd> a_, b_;
+};
+
+TEST_F(FerrydTest, HealthAndNodeDescribeTheNode) {
+  auto c = a_->Client();
+  auto h = c.Get("/v1/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto n = c.Get("/v1/node");
+  ASSERT_TRUE(n);
+  auto j = json::parse(n->body);
+  EXPECT_EQ(j["id"], a_->id());
+  ASSERT_EQ(j["rails"].size(), 2u);
+  EXPECT_EQ(j["rails"][0]["provider"], "tcp;ofi_rxm");
+  EXPECT_FALSE(j["rails"][0]["address"].get<std::string>().empty());
+  EXPECT_EQ(j["devices"], json::array({"host"}));
+  EXPECT_HTTP_ERROR(c.Get("/v1/nothing"), 404, "NOT_FOUND");
+}
+
+TEST_F(FerrydTest, RegionsAreAllocatedListedAndDeletedAndBadInputIsRefused) {
+  auto c = a_->Client();
+  auto r = c.Post("/v1/regions", R"({"device":"host","size":4096})", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 201) << r->body;
+  const uint64_t id = json::parse(r->body)["id"];
+  auto list = json::parse(c.Get("/v1/regions")->body);
+  ASSERT_EQ(list["regions"].size(), 1u);
+  EXPECT_EQ(list["regions"][0]["size"], 4096);
+  EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"host","size":0})", "application/json"),
+                    400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"gpu","size":10})", "application/json"),
+                    400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"host","size":-1})", "application/json"),
+                    400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"host"})", "application/json"), 400,
+                    "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"host","size":)", "application/json"),
+                    400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"cuda:0","size":10})", "application/json"),
+                    501, "UNIMPLEMENTED");
+  EXPECT_HTTP_ERROR(c.Delete("/v1/regions/999"), 404, "NOT_FOUND");
+  // In use by an object: 409, and it stays.
+  auto pub = c.Put("/v1/objects/uses", json{{"extents", {{{"region", id}, {"offset", 0}, {"length", 10}}}}}.dump(),
+                   "application/json");
+  ASSERT_EQ(pub->status, 201) << pub->body;
+  EXPECT_HTTP_ERROR(c.Delete(("/v1/regions/" + std::to_string(id)).c_str()), 409,
+                    "FAILED_PRECONDITION");
+  ASSERT_EQ(c.Delete("/v1/objects/uses")->status, 200);
+  EXPECT_EQ(c.Delete(("/v1/regions/" + std::to_string(id)).c_str())->status, 200);
+  EXPECT_EQ(json::parse(c.Get("/v1/regions")->body)["regions"].size(), 0u);
+}
+
+TEST_F(FerrydTest, ObjectsArePublishedReplacedVersionedListedAndDeleted) {
+  auto c = a_->Client();
+  const uint64_t region = Upload(*a_, "base", RandomBytes(1 << 16, 1));
+  auto layout = [&](uint64_t off, uint64_t len) {
+    return json{{"extents", {{{"region", region}, {"offset", off}, {"length", len}}}}}.dump();
+  };
+  auto v1 = c.Put("/v1/objects/m%2Fa", layout(0, 100), "application/json");
+  ASSERT_EQ(v1->status, 201) << v1->body;
+  EXPECT_EQ(json::parse(v1->body)["version"], 1);
+  EXPECT_HTTP_ERROR(c.Put("/v1/objects/m%2Fa", layout(0, 5), "application/json"), 409,
+                    "ALREADY_EXISTS");
+  auto v2 = c.Put("/v1/objects/m%2Fa?replace=true", layout(100, 50), "application/json");
+  ASSERT_EQ(v2->status, 201);
+  EXPECT_EQ(json::parse(v2->body)["version"], 2);
+  auto latest = json::parse(c.Get("/v1/objects/m%2Fa")->body);
+  EXPECT_EQ(latest["version"], 2);
+  EXPECT_EQ(latest["size"], 50);
+  auto old = json::parse(c.Get("/v1/objects/m%2Fa?version=1")->body);
+  EXPECT_EQ(old["size"], 100);
+  EXPECT_HTTP_ERROR(c.Get("/v1/objects/m%2Fa?version=7"), 404, "NOT_FOUND");
+  EXPECT_HTTP_ERROR(c.Get("/v1/objects/m%2Fa?version=x"), 400, "INVALID_ARGUMENT");
+  for (const char* n : {"m%2Fb", "m%2Fc", "n%2Fa"}) {
+    ASSERT_EQ(c.Put((std::string("/v1/objects/") + n).c_str(), layout(0, 1), "application/json")->status, 201);
+  }
+  auto page = json::parse(c.Get("/v1/objects?prefix=m/&limit=2")->body)["objects"];
+  ASSERT_EQ(page.size(), 2u);
+  EXPECT_EQ(page[0]["name"], "m/a");
+  EXPECT_EQ(page[1]["name"], "m/b");
+  auto next = json::parse(c.Get("/v1/objects?prefix=m/&limit=2&after=m/b")->body)["objects"];
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_EQ(next[0]["name"], "m/c");
+  EXPECT_HTTP_ERROR(c.Get("/v1/objects?limit=0"), 400, "INVALID_ARGUMENT");
+  ASSERT_EQ(c.Delete("/v1/objects/m%2Fa")->status, 200);
+  EXPECT_HTTP_ERROR(c.Get("/v1/objects/m%2Fa"), 404, "NOT_FOUND");
+  EXPECT_HTTP_ERROR(c.Delete("/v1/objects/m%2Fa"), 404, "NOT_FOUND");
+}
+
+TEST_F(FerrydTest, BadPublishRequestsGetTheirCodeAndChangeNothing) {
+  a_ = std::make_unique<Ferryd>(TempDir("a"), std::vector<std::string>{"--max-extents", "4"});
+  ASSERT_NO_FATAL_FAILURE(a_->Start());
+  auto c = a_->Client();
+  const uint64_t region = Upload(*a_, "base", RandomBytes(4096, 2));
+  const json before = ObjectList(*a_);
+  auto ext = [&](json e) { return json{{"extents", e}}.dump(); };
+  auto put = [&](const std::string& name, const std::string& body) {
+    return c.Put(("/v1/objects/" + name).c_str(), body, "application/json");
+  };
+  EXPECT_HTTP_ERROR(put("x", "{not json"), 400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(put("x", "[1,2]"), 400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(put("x", R"({"extents":"no"})"), 400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(put("x", ext({{{"region", "1"}, {"offset", 0}, {"length", 1}}})), 400,
+                    "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(put("x", ext({{{"region", region}, {"offset", -1}, {"length", 1}}})), 400,
+                    "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(put("x", ext(json::array())), 400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(put("x", ext({{{"region", 999}, {"offset", 0}, {"length", 1}}})), 404,
+                    "NOT_FOUND");
+  EXPECT_HTTP_ERROR(put("x", ext({{{"region", region}, {"offset", 4000}, {"length", 100}}})),
+                    400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(put("x", ext({{{"region", region}, {"offset", 18446744073709551615ull},
+                                   {"length", 2}}})),
+                    400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(put("x", ext({{{"region", region}, {"offset", 0}, {"length", 0}}})), 400,
+                    "INVALID_ARGUMENT");
+  json five = json::array();
+  for (int i = 0; i < 5; ++i) five.push_back({{"region", region}, {"offset", i}, {"length", 1}});
+  EXPECT_HTTP_ERROR(put("x", ext(five)), 413, "RESOURCE_EXHAUSTED");
+  const std::string good = ext({{{"region", region}, {"offset", 0}, {"length", 1}}});
+  for (const std::string& bad : {std::string("a%2F%2Fb"), std::string(".."), std::string("a%2F.%2Fb"),
+                                 std::string("a%20b"), std::string("%2Fa"), std::string(257, 'a')}) {
+    SCOPED_TRACE(bad);
+    EXPECT_HTTP_ERROR(put(bad, good), 400, "INVALID_ARGUMENT");
+  }
+  EXPECT_HTTP_ERROR(c.Put("/v1/objects/x?replace=maybe", good, "application/json"), 400,
+                    "INVALID_ARGUMENT");
+  EXPECT_EQ(ObjectList(*a_), before);
+  EXPECT_EQ(c.Get("/v1/health")->status, 200);
+}
+
+TEST_F(FerrydTest, DataIsUploadedAndReadBackWithRanges) {
+  auto c = a_->Client();
+  const std::string bytes = RandomBytes(3 << 20, 3);
+  Upload(*a_, "blob", bytes);
+  auto full = c.Get("/v1/objects/blob/data");
+  ASSERT_EQ(full->status, 200);
+  EXPECT_TRUE(full->body == bytes);
+  auto part = c.Get("/v1/objects/blob/data", {{"Range", "bytes=1000-1999"}});
+  ASSERT_EQ(part->status, 206);
+  EXPECT_TRUE(part->body == bytes.substr(1000, 1000));
+  EXPECT_EQ(part->get_header_value("Content-Range"), "bytes 1000-1999/3145728");
+  auto tail = c.Get("/v1/objects/blob/data", {{"Range", "bytes=-10"}});
+  ASSERT_EQ(tail->status, 206);
+  EXPECT_TRUE(tail->body == bytes.substr(bytes.size() - 10));
+  EXPECT_EQ(c.Get("/v1/objects/blob/data", {{"Range", "bytes=99999999-"}})->status, 416);
+  EXPECT_HTTP_ERROR(c.Put("/v1/objects/blob/data", bytes, kOctet), 409, "ALREADY_EXISTS");
+  EXPECT_EQ(c.Put("/v1/objects/blob/data?replace=true", "new", kOctet)->status, 201);
+  EXPECT_EQ(c.Get("/v1/objects/blob/data")->body, "new");
+  EXPECT_TRUE(c.Get("/v1/objects/blob/data?version=1")->body == bytes);
+  EXPECT_HTTP_ERROR(c.Put("/v1/objects/empty/data", "", kOctet), 400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(c.Get("/v1/objects/nope/data"), 404, "NOT_FOUND");
+}
+
+TEST_F(FerrydTest, NonContiguousObjectIsPulledOverRdmaAndReadBackExactly) {
+  ASSERT_NO_FATAL_FAILURE(StartB());
+  auto ca = a_->Client();
+  const std::string base = RandomBytes(4 << 20, 4);
+  const uint64_t region = Upload(*a_, "base", base);
+  // A non-contiguous object: 512 pieces of 1 to 8 KiB in shuffled order.
+  std::mt19937_64 rng(5);
+  json extents = json::array();
+  std::string expect;
+  for (int i = 0; i < 512; ++i) {
+    uint64_t len = 1 + rng() % 8192, off = rng() % (base.size() - len);
+    extents.push_back({{"region", region}, {"offset", off}, {"length", len}});
+    expect += base.substr(off, len);
+  }
+  ASSERT_EQ(ca.Put("/v1/objects/kv%2Fpages", json{{"extents", extents}}.dump(), "application/json")->status, 201);
+  auto cb = b_->Client();
+  auto pull = cb.Post("/v1/pulls",
+                      json{{"from", a_->url()}, {"object", "kv/pages"}, {"into", {{"device", "host"}}}}.dump(),
+                      "application/json");
+  ASSERT_TRUE(pull);
+  ASSERT_EQ(pull->status, 200) << pull->body;
+  auto stats = json::parse(pull->body);
+  EXPECT_EQ(stats["bytes"], expect.size());
+  EXPECT_EQ(stats["path"], "rdma");
+  EXPECT_EQ(stats["bytes_per_rail"].size(), 2u);
+  EXPECT_TRUE(cb.Get("/v1/objects/kv%2Fpages/data")->body == expect);
+  // Into B's own scattered extents, then read back through a layout published over them.
+  auto reg = json::parse(cb.Post("/v1/regions", json{{"size", 2 * expect.size()}}.dump(), "application/json")->body);
+  json mine = json::array();
+  uint64_t left = expect.size(), pos = 0;
+  while (left > 0) {
+    uint64_t n = std::min<uint64_t>(left, 3000);
+    mine.push_back({{"region", reg["id"]}, {"offset", 2 * pos}, {"length", n}});
+    pos += n;
+    left -= n;
+  }
+  auto into = cb.Post("/v1/pulls", json{{"from", a_->url()}, {"object", "kv/pages"}, {"into", {{"extents", mine}}}}.dump(),
+                      "application/json");
+  ASSERT_EQ(into->status, 200) << into->body;
+  ASSERT_EQ(cb.Put("/v1/objects/check", json{{"extents", mine}}.dump(), "application/json")->status, 201);
+  EXPECT_TRUE(cb.Get("/v1/objects/check/data")->body == expect);
+}
+
+TEST_F(FerrydTest, BadPullsGetTheirCodeAndTheNodesKeepServing) {
+  ASSERT_NO_FATAL_FAILURE(StartB());
+  auto ca = a_->Client();
+  auto cb = b_->Client();
+  Upload(*a_, "obj", RandomBytes(8192, 6));
+  auto pull = [&](json body) { return cb.Post("/v1/pulls", body.dump(), "application/json"); };
+  EXPECT_HTTP_ERROR(pull({{"from", a_->url()}, {"object", "nope"}}), 404, "NOT_FOUND");
+  EXPECT_HTTP_ERROR(pull({{"from", "http://127.0.0.1:1"}, {"object", "obj"}}), 503, "UNAVAILABLE");
+  EXPECT_HTTP_ERROR(pull({{"from", "ftp://x"}, {"object", "obj"}}), 400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(pull({{"from", a_->url()}}), 400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(pull({{"from", a_->url()}, {"object", "obj"}, {"into", {{"extents", {{{"region", 42}, {"offset", 0}, {"length", 8192}}}}}}}),
+                    404, "NOT_FOUND");
+  auto reg = json::parse(cb.Post("/v1/regions", R"({"size":8192})", "application/json")->body);
+  ASSERT_TRUE(reg.contains("id")) << reg;
+  auto differ = pull({{"from", a_->url()}, {"object", "obj"}, {"into", {{"extents", {{{"region", reg["id"]}, {"offset", 0}, {"length", 100}}}}}}});
+  EXPECT_HTTP_ERROR(differ, 400, "INVALID_ARGUMENT");
+  EXPECT_THAT(differ->body, ::testing::HasSubstr("hold 100 bytes"));
+  ASSERT_EQ(pull({{"from", a_->url()}, {"object", "obj"}})->status, 200);
+  EXPECT_HTTP_ERROR(pull({{"from", a_->url()}, {"object", "obj"}}), 409, "ALREADY_EXISTS");
+  // Machine-to-machine requests crafted by hand: overlapping destination extents, bad
+  // descriptors, wrong types.
+  auto node_b = json::parse(cb.Get("/v1/node")->body);
+  json rails = json::array();
+  for (auto& r : node_b["rails"]) rails.push_back(r["address"]);
+  json desc = {{"node", node_b["id"]}, {"addr", 1 << 20}, {"length", 8192}, {"device", "host"},
+               {"offset_addressing", true}, {"keys", {1, 2}}};
+  auto direct = [&](json extents) {
+    return ca.Post("/v1/objects/obj/pull",
+                   json{{"node", node_b["id"]}, {"rails", rails}, {"regions", {desc}}, {"extents", extents}}.dump(),
+                   "application/json");
+  };
+  EXPECT_HTTP_ERROR(direct({{{"region", 0}, {"offset", 0}, {"length", 4096}},
+                            {{"region", 0}, {"offset", 4000}, {"length", 4096}}}),
+                    400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(direct({{{"region", 0}, {"offset", 1}, {"length", 8192}}}), 400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(direct({{{"region", 1}, {"offset", 0}, {"length", 8192}}}), 400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(direct({{{"region", 0}, {"offset", "0"}, {"length", 8192}}}), 400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(ca.Post("/v1/objects/obj/pull", "{", "application/json"), 400, "INVALID_ARGUMENT");
+  EXPECT_EQ(ca.Get("/v1/health")->status, 200);
+  EXPECT_EQ(cb.Get("/v1/health")->status, 200);
+}
+
+TEST_F(FerrydTest, AfterARestartObjectsAreBackDetachedAndPullsOfThemAreRefused) {
+  ASSERT_NO_FATAL_FAILURE(StartB());
+  Upload(*a_, "w", RandomBytes(4096, 7));
+  EXPECT_EQ(a_->Stop(), 0);  // SIGTERM: clean exit
+  // Same data dir (TempDir("a") would wipe it): reuse the path directly.
+  a_ = std::make_unique<Ferryd>(std::filesystem::temp_directory_path() /
+                                ("ferryd-test-" + std::to_string(getpid()) + "-a"));
+  ASSERT_NO_FATAL_FAILURE(a_->Start());
+  auto obj = json::parse(a_->Client().Get("/v1/objects/w")->body);
+  EXPECT_EQ(obj["detached"], true);
+  EXPECT_EQ(obj["version"], 1);
+  EXPECT_HTTP_ERROR(a_->Client().Get("/v1/objects/w/data"), 409, "FAILED_PRECONDITION");
+  EXPECT_HTTP_ERROR(b_->Client().Post("/v1/pulls", json{{"from", a_->url()}, {"object", "w"}}.dump(), "application/json"),
+                    409, "FAILED_PRECONDITION");
+  EXPECT_TRUE(json::parse(b_->Client().Get("/v1/regions")->body)["regions"].empty())
+      << "a failed pull must not leave its buffer behind";
+}
+
+TEST_F(FerrydTest, EveryAcknowledgedPublishSurvivesKillNine) {
+  auto c = a_->Client();
+  const uint64_t region = Upload(*a_, "base", RandomBytes(4096, 8));
+  std::atomic<int> acked{0};
+  std::thread writer([&] {
+    auto w = a_->Client();
+    for (int i = 0; i < 5000; ++i) {
+      auto r = w.Put(("/v1/objects/p" + std::to_string(i)).c_str(),
+                     json{{"extents", {{{"region", region}, {"offset", i % 4096}, {"length", 1}}}}}.dump(),
+                     "application/json");
+      if (!r || r->status != 201) break;
+      acked = i + 1;
+    }
+  });
+  while (acked.load() < 50) absl::SleepFor(absl::Milliseconds(5));
+  a_->Kill9();
+  writer.join();
+  const int n = acked.load();
+  a_ = std::make_unique<Ferryd>(std::filesystem::temp_directory_path() /
+                                ("ferryd-test-" + std::to_string(getpid()) + "-a"));
+  ASSERT_NO_FATAL_FAILURE(a_->Start());
+  auto c2 = a_->Client();
+  for (int i = 0; i < n; ++i) {
+    auto r = c2.Get(("/v1/objects/p" + std::to_string(i)).c_str());
+    ASSERT_TRUE(r && r->status == 200) << "acknowledged publish p" << i << " of " << n << " lost";
+  }
+}
+
+TEST_F(FerrydTest, ThirtyTwoConcurrentPullsFromEightThreadsAllVerify) {
+  ASSERT_NO_FATAL_FAILURE(StartB());
+  std::vector<std::string> payloads;
+  for (int i = 0; i < 32; ++i) {
+    payloads.push_back(RandomBytes((256 << 10) + static_cast<size_t>(i) * 4099, 100 + static_cast<uint64_t>(i)));
+    Upload(*a_, "o" + std::to_string(i), payloads.back());
+  }
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      auto cb = b_->Client();
+      for (int i = t; i < 32; i += 8) {
+        auto r = cb.Post("/v1/pulls", json{{"from", a_->url()}, {"object", "o" + std::to_string(i)}}.dump(),
+                         "application/json");
+        if (!r || r->status != 200) continue;
+        auto back = cb.Get(("/v1/objects/o" + std::to_string(i) + "/data").c_str());
+        if (back && back->body == payloads[static_cast<size_t>(i)]) ++ok;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 32);
+}
+
+TEST(FerrydAuthTest, TokenIsRequiredOnEveryRouteButHealth) {
+  auto dir = TempDir("auth");
+  {
+    std::ofstream(dir / "token") << "s3cret\n";
+  }
+  Ferryd node(dir / "data", {"--token-file", (dir / "token").string()});
+  ASSERT_NO_FATAL_FAILURE(node.Start());
+  EXPECT_EQ(node.Client().Get("/v1/health")->status, 200);
+  EXPECT_HTTP_ERROR(node.Client().Get("/v1/node"), 401, "UNAUTHENTICATED");
+  EXPECT_HTTP_ERROR(node.Client("wrong").Get("/v1/objects"), 401, "UNAUTHENTICATED");
+  EXPECT_HTTP_ERROR(node.Client().Put("/v1/objects/x/data", "abc", kOctet), 401, "UNAUTHENTICATED");
+  EXPECT_EQ(node.Client("s3cret").Get("/v1/node")->status, 200);
+  EXPECT_EQ(node.Client("s3cret").Put("/v1/objects/x/data", "abc", kOctet)->status, 201);
+  node.Stop();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(FerrydFlagsTest, RefusesANonLoopbackAddressWithoutATokenAndBadListenValues) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--listen", "0.0.0.0:0"}, {"--listen", "nonsense"},
+        {"--listen", "127.0.0.1:99999"}, {"--token-file", "/nonexistent/token"}}) {
+    std::vector<std::string> argv = {FERRYD_PATH, "--data-dir", TempDir("flags").string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto p = Subprocess::Spawn(argv);
+    ASSERT_TRUE(p.ok());
+    const int status = (*p)->Wait();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << args[0] << " " << args[1];
+  }
+  std::filesystem::remove_all(TempDir("flags"));
+}
+
+}  // namespace
+}  // namespace ferry
