@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "engine/fabric.h"
@@ -75,6 +76,12 @@ nlohmann::json ToJson(const PullStats& s) {
 
 absl::StatusOr<std::unique_ptr<Node>> Node::Open(const NodeOptions& options) {
   std::unique_ptr<Node> node(new Node(options));
+  std::error_code ec;
+  std::filesystem::create_directories(options.data_dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create data dir ", options.data_dir, ": ", ec.message()));
+  }
   ASSIGN_OR_RETURN(node->catalog_,
                    metadata::Catalog::Open(options.data_dir, {.sync = options.sync}));
   engine::EngineOptions eo = options.engine;

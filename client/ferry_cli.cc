@@ -1,0 +1,143 @@
+// ferry: the command-line client. See --help.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "CLI/CLI.hpp"
+#include "absl/time/clock.h"
+#include "ferry/client.h"
+
+namespace {
+
+// A progress line on stderr when it is a terminal; nothing otherwise.
+ferry::Progress ProgressLine(const std::string& what) {
+  if (!isatty(2)) return nullptr;
+  auto last = std::make_shared<absl::Time>(absl::InfinitePast());
+  return [what, last](uint64_t done, uint64_t total) {
+    const absl::Time now = absl::Now();
+    if (now - *last < absl::Milliseconds(200) && done != total) return;
+    *last = now;
+    if (total > 0) {
+      std::fprintf(stderr, "\r%s %llu / %llu MiB (%.0f%%)", what.c_str(),
+                   static_cast<unsigned long long>(done >> 20),
+                   static_cast<unsigned long long>(total >> 20), 100.0 * static_cast<double>(done) / static_cast<double>(total));
+    } else {
+      std::fprintf(stderr, "\r%s %llu MiB", what.c_str(), static_cast<unsigned long long>(done >> 20));
+    }
+    std::fflush(stderr);
+  };
+}
+
+void Rate(const char* verb, uint64_t bytes, double seconds) {
+  if (isatty(2)) std::fprintf(stderr, "\r\033[K");
+  std::fprintf(stderr, "%s %llu bytes in %.3f s (%.2f MB/s)\n", verb,
+               static_cast<unsigned long long>(bytes), seconds,
+               seconds > 0 ? static_cast<double>(bytes) / seconds / 1e6 : 0.0);
+}
+
+int Fail(const absl::Status& s) {
+  if (isatty(2)) std::fprintf(stderr, "\r\033[K");
+  std::fprintf(stderr, "ferry: %s\n", s.ToString().c_str());
+  switch (s.code()) {
+    case absl::StatusCode::kNotFound: return 3;
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kFailedPrecondition: return 4;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded: return 5;
+    case absl::StatusCode::kUnauthenticated: return 6;
+    default: return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ferry: move named buffers between ferry nodes"};
+  app.require_subcommand(1);
+  std::string node = "http://127.0.0.1:7070";
+  app.add_option("--node", node, "the node to talk to")->capture_default_str();
+  std::string name, file, out, prefix, from, to, as;
+  bool replace = false;
+  auto* put = app.add_subcommand("put", "upload FILE as object NAME");
+  put->add_option("NAME", name)->required();
+  put->add_option("FILE", file)->required();
+  put->add_flag("--replace", replace, "make a new version if NAME exists");
+  auto* get = app.add_subcommand("get", "download object NAME");
+  get->add_option("NAME", name)->required();
+  get->add_option("-o,--output", out, "file to write (default: stdout)");
+  auto* ls = app.add_subcommand("ls", "list objects");
+  ls->add_option("PREFIX", prefix);
+  auto* stat = app.add_subcommand("stat", "describe object NAME");
+  stat->add_option("NAME", name)->required();
+  auto* rm = app.add_subcommand("rm", "delete object NAME");
+  rm->add_option("NAME", name)->required();
+  auto* pull = app.add_subcommand("pull", "make node --to (default --node) pull NAME from --from");
+  pull->add_option("NAME", name)->required();
+  pull->add_option("--from", from, "source node URL")->required();
+  pull->add_option("--to", to, "destination node URL (default: --node)");
+  pull->add_option("--as", as, "name to publish the copy as (default: NAME)");
+  pull->add_flag("--replace", replace, "make a new version if the name exists there");
+  CLI11_PARSE(app, argc, argv);
+
+  const char* token = std::getenv("FERRY_TOKEN");
+  auto client = ferry::Client::Connect(*pull && !to.empty() ? to : node, token ? token : "");
+  if (!client.ok()) return Fail(client.status());
+  ferry::Client& c = **client;
+  const absl::Time start = absl::Now();
+  if (*put) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) return Fail(absl::NotFoundError("cannot read " + file));
+    std::stringstream buf;
+    buf << in.rdbuf();
+    const std::string data = buf.str();
+    auto r = c.Put(name, data, replace, ProgressLine("put"));
+    if (!r.ok()) return Fail(r.status());
+    Rate("put", data.size(), absl::ToDoubleSeconds(absl::Now() - start));
+    std::printf("%s version %llu, %llu bytes\n", r->name.c_str(),
+                static_cast<unsigned long long>(r->version), static_cast<unsigned long long>(r->size));
+  } else if (*get) {
+    std::ofstream file_out;
+    if (!out.empty()) {
+      file_out.open(out, std::ios::binary | std::ios::trunc);
+      if (!file_out) return Fail(absl::PermissionDeniedError("cannot write " + out));
+    }
+    std::ostream& sink = out.empty() ? std::cout : file_out;
+    uint64_t bytes = 0;
+    auto progress = ProgressLine("get");
+    absl::Status s = c.Get(name, sink, std::nullopt, [&](uint64_t done, uint64_t total) {
+      bytes = done;
+      if (progress) progress(done, total);
+    });
+    if (!s.ok()) return Fail(s);
+    sink.flush();
+    Rate("got", bytes, absl::ToDoubleSeconds(absl::Now() - start));
+  } else if (*ls) {
+    auto r = c.List(prefix);
+    if (!r.ok()) return Fail(r.status());
+    for (const auto& o : *r) {
+      std::printf("%-40s v%-4llu %14llu%s\n", o.name.c_str(), static_cast<unsigned long long>(o.version),
+                  static_cast<unsigned long long>(o.size), o.detached ? "  detached" : "");
+    }
+  } else if (*stat) {
+    auto r = c.Stat(name);
+    if (!r.ok()) return Fail(r.status());
+    std::printf("name %s\nversion %llu\nsize %llu\ndetached %s\n", r->name.c_str(),
+                static_cast<unsigned long long>(r->version), static_cast<unsigned long long>(r->size),
+                r->detached ? "yes" : "no");
+  } else if (*rm) {
+    absl::Status s = c.Remove(name);
+    if (!s.ok()) return Fail(s);
+  } else if (*pull) {
+    auto r = c.Pull(name, from, as, replace);
+    if (!r.ok()) return Fail(r.status());
+    std::printf("pulled %s: %llu bytes over %zu rail(s) (%s) in %.3f s on the wire: %.2f Gbit/s\n",
+                name.c_str(), static_cast<unsigned long long>(r->bytes), r->bytes_per_rail.size(),
+                r->path.c_str(), r->seconds,
+                r->seconds > 0 ? static_cast<double>(r->bytes) * 8 / r->seconds / 1e9 : 0.0);
+  }
+  return 0;
+}
