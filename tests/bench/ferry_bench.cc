@@ -23,6 +23,7 @@
 #include "engine/status.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
+#include "tests/bench/node_bench.h"
 #include "tests/bench/raw_fabric.h"
 #include "tests/testing/engine_peer.h"
 #include "tests/testing/pattern.h"
@@ -355,8 +356,25 @@ int main(int argc, char** argv) {
   raw->add_option("--provider", raw_provider);
   raw->add_option("--domain", raw_domain);
   raw->add_option("--size", raw_size);
+  ferry::bench::NodeFlags nf;
+  nf.ferryd = FERRYD_PATH;
+  CLI::App* node = app.add_subcommand("node", "pulls through ferryd's HTTP path vs the engine; catalog");
+  node->add_option("--rails", nf.rails, "rails per node");
+  node->add_option("--sizes", nf.sizes, "object sizes, comma-separated")->delimiter(',');
+  node->add_option("--iters", nf.iters, "timed pulls per size (median)");
+  node->add_option("--latency-iters", nf.latency_iters, "pulls and lookups for percentiles");
+  node->add_option("--objects", nf.objects, "objects in the catalog");
+  node->add_option("--ferryd", nf.ferryd, "ferryd to start");
+  node->add_flag("--json", nf.json, "one JSON object per row");
   CLI11_PARSE(app, argc, argv);
   if (*raw) return ferry::bench::RunRawPeer(raw_provider, raw_domain, raw_size);
+  if (*node) {
+    if (nf.iters < 1 || nf.latency_iters < 1 || nf.objects == 0 || nf.rails == 0) {
+      std::cerr << "--iters, --latency-iters, --objects and --rails must be positive\n";
+      return 2;
+    }
+    return ferry::bench::RunNodeBench(nf);
+  }
   if (ef.iters < 1 || ef.total == 0) {
     std::cerr << "--iters and --total must be positive\n";
     return 2;

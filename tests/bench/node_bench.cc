@@ -1,0 +1,214 @@
+// ferry-bench node: the control plane's cost.
+#include "tests/bench/node_bench.h"
+
+#include <httplib.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "metadata/catalog.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
+
+namespace ferry::bench {
+namespace {
+
+using json = nlohmann::json;
+
+struct Daemon {
+  std::unique_ptr<testing::Subprocess> proc;
+  std::string url;
+  ~Daemon() {
+    if (proc) {
+      proc->Kill(SIGTERM);
+      proc->Wait();
+    }
+  }
+};
+
+bool Start(Daemon& d, const NodeFlags& f, const std::string& dir) {
+  auto p = testing::Subprocess::Spawn({f.ferryd, "--listen", "127.0.0.1:0", "--data-dir", dir,
+                                       "--domain", "lo", "--rails", std::to_string(f.rails)});
+  if (!p.ok()) return false;
+  d.proc = std::move(*p);
+  auto line = d.proc->ReadLine(absl::Seconds(30));
+  if (!line.ok()) return false;
+  d.url = "http://" + json::parse(*line)["listen"].get<std::string>();
+  return true;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+void Row(const NodeFlags& f, const json& j, const std::string& text) {
+  if (f.json) {
+    std::cout << j.dump() << std::endl;
+  } else {
+    std::printf("%s\n", text.c_str());
+    std::fflush(stdout);
+  }
+}
+
+// Creates a zero-filled region of `size` on `node` and returns its id.
+uint64_t NewRegion(httplib::Client& c, uint64_t size) {
+  auto r = c.Post("/v1/regions", json{{"size", size}}.dump(), "application/json");
+  return r && r->status == 201 ? json::parse(r->body)["id"].get<uint64_t>() : 0;
+}
+
+}  // namespace
+
+int RunNodeBench(const NodeFlags& f) {
+  const auto dir = std::filesystem::temp_directory_path() / ("ferry-bench-node-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  Daemon a, b;
+  if (!Start(a, f, (dir / "a").string()) || !Start(b, f, (dir / "b").string())) {
+    std::cerr << "cannot start ferryd (" << f.ferryd << ")\n";
+    return 1;
+  }
+  httplib::Client ca(a.url), cb(b.url);
+  ca.set_read_timeout(300);
+  cb.set_read_timeout(300);
+  if (!f.json) {
+    std::printf("# ferry-bench node: two ferryd on loopback, tcp provider, %zu rails each\n", f.rails);
+  }
+
+  // 1. Latency of a 4 KiB pull through HTTP: POST /v1/pulls on B into B's own extent.
+  {
+    const uint64_t src = NewRegion(ca, 4096), dst = NewRegion(cb, 4096);
+    ca.Put("/v1/objects/lat", json{{"extents", {{{"region", src}, {"offset", 0}, {"length", 4096}}}}}.dump(),
+           "application/json");
+    const std::string body = json{{"from", a.url}, {"object", "lat"},
+                                  {"into", {{"extents", {{{"region", dst}, {"offset", 0}, {"length", 4096}}}}}}}
+                                 .dump();
+    std::vector<double> us, wire_us;
+    for (int i = 0; i < f.latency_iters + 10; ++i) {
+      const absl::Time t = absl::Now();
+      auto r = cb.Post("/v1/pulls", body, "application/json");
+      const double wall = absl::ToDoubleMicroseconds(absl::Now() - t);
+      if (!r || r->status != 200) {
+        std::cerr << "pull failed: " << (r ? r->body : "no response") << "\n";
+        return 1;
+      }
+      if (i < 10) continue;  // warm-up
+      us.push_back(wall);
+      wire_us.push_back(json::parse(r->body)["seconds"].get<double>() * 1e6);
+    }
+    Row(f,
+        {{"bench", "node_pull_latency"}, {"bytes", 4096}, {"iters", f.latency_iters},
+         {"p50_us", Percentile(us, 0.5)}, {"p99_us", Percentile(us, 0.99)},
+         {"engine_p50_us", Percentile(wire_us, 0.5)}},
+        absl::StrCat("pull 4 KiB through HTTP, ", f.latency_iters, " pulls: p50 ",
+                     static_cast<int>(Percentile(us, 0.5)), " us, p99 ",
+                     static_cast<int>(Percentile(us, 0.99)), " us (engine alone p50 ",
+                     static_cast<int>(Percentile(wire_us, 0.5)), " us)"));
+  }
+
+  // 2. Throughput through HTTP next to the engine's own time for the same WRITEs.
+  if (!f.json) {
+    std::printf("%12s %6s %12s %12s %12s %12s %7s\n", "bytes", "iters", "http s", "http MB/s",
+                "engine s", "engine MB/s", "ratio");
+  }
+  for (uint64_t size : f.sizes) {
+    const uint64_t src = NewRegion(ca, size), dst = NewRegion(cb, size);
+    const std::string name = "tput" + std::to_string(size);
+    ca.Put(("/v1/objects/" + name).c_str(),
+           json{{"extents", {{{"region", src}, {"offset", 0}, {"length", size}}}}}.dump(), "application/json");
+    const std::string body = json{{"from", a.url}, {"object", name},
+                                  {"into", {{"extents", {{{"region", dst}, {"offset", 0}, {"length", size}}}}}}}
+                                 .dump();
+    std::vector<double> http_s, engine_s;
+    for (int i = 0; i < f.iters + 1; ++i) {
+      const absl::Time t = absl::Now();
+      auto r = cb.Post("/v1/pulls", body, "application/json");
+      const double wall = absl::ToDoubleSeconds(absl::Now() - t);
+      if (!r || r->status != 200) {
+        std::cerr << "pull failed: " << (r ? r->body : "no response") << "\n";
+        return 1;
+      }
+      if (i == 0) continue;  // the first pull of fresh buffers is cold
+      http_s.push_back(wall);
+      engine_s.push_back(json::parse(r->body)["seconds"].get<double>());
+    }
+    const double hs = Percentile(http_s, 0.5), es = Percentile(engine_s, 0.5);
+    const double mb = static_cast<double>(size) / 1e6;
+    char line[256];
+    std::snprintf(line, sizeof(line), "%12llu %6d %12.5f %12.1f %12.5f %12.1f %7.2f",
+                  static_cast<unsigned long long>(size), f.iters, hs, mb / hs, es, mb / es, es / hs);
+    Row(f, {{"bench", "node_pull_throughput"}, {"bytes", size}, {"iters", f.iters},
+            {"http_seconds", hs}, {"engine_seconds", es}, {"ratio", es / hs}},
+        line);
+    ca.Delete(("/v1/objects/" + name).c_str());
+    ca.Delete(("/v1/regions/" + std::to_string(src)).c_str());
+    cb.Delete(("/v1/regions/" + std::to_string(dst)).c_str());
+  }
+
+  // 3. Catalog: publish rate with `objects` objects, then lookup latency over HTTP with all of
+  // them in the catalog.
+  {
+    const std::string cat_dir = (dir / "catalog").string();
+    auto cat = metadata::Catalog::Open(cat_dir, {.sync = false});
+    if (!cat.ok()) {
+      std::cerr << cat.status() << "\n";
+      return 1;
+    }
+    const absl::Time t = absl::Now();
+    for (uint64_t i = 0; i < f.objects; ++i) {
+      auto r = (*cat)->Publish(absl::StrCat("bulk/", i), {{1, i % 4096, 4096}}, false);
+      if (!r.ok()) {
+        std::cerr << r.status() << "\n";
+        return 1;
+      }
+    }
+    const double secs = absl::ToDoubleSeconds(absl::Now() - t);
+    cat->reset();
+    Row(f, {{"bench", "catalog_publish"}, {"objects", f.objects}, {"seconds", secs},
+            {"per_sec", static_cast<double>(f.objects) / secs}},
+        absl::StrCat("catalog publish (in process, no fsync): ", f.objects, " objects in ",
+                     absl::StrFormat("%.1f", secs), " s = ",
+                     static_cast<int64_t>(static_cast<double>(f.objects) / secs), " /s"));
+    Daemon c;
+    if (!Start(c, f, cat_dir)) return 1;
+    httplib::Client cc(c.url);
+    std::vector<double> us;
+    for (int i = 0; i < f.latency_iters; ++i) {
+      const uint64_t k = (static_cast<uint64_t>(i) * 7919) % f.objects;
+      const absl::Time s = absl::Now();
+      auto r = cc.Get(("/v1/objects/bulk%2F" + std::to_string(k)).c_str());
+      us.push_back(absl::ToDoubleMicroseconds(absl::Now() - s));
+      if (!r || r->status != 200) {
+        std::cerr << "lookup failed\n";
+        return 1;
+      }
+    }
+    const int n_http = 2000;
+    const absl::Time p = absl::Now();
+    for (int i = 0; i < n_http; ++i) {
+      cc.Put(("/v1/objects/http%2F" + std::to_string(i)).c_str(),
+             R"({"extents":[{"region":1,"offset":0,"length":1}]})", "application/json");
+    }
+    const double http_secs = absl::ToDoubleSeconds(absl::Now() - p);
+    Row(f,
+        {{"bench", "catalog_lookup"}, {"objects", f.objects}, {"iters", f.latency_iters},
+         {"p50_us", Percentile(us, 0.5)}, {"p99_us", Percentile(us, 0.99)},
+         {"http_publish_per_sec", n_http / http_secs}},
+        absl::StrCat("lookup over HTTP with ", f.objects, " objects: p50 ",
+                     static_cast<int>(Percentile(us, 0.5)), " us, p99 ",
+                     static_cast<int>(Percentile(us, 0.99)), " us; publish over HTTP (fsync each): ",
+                     static_cast<int>(n_http / http_secs), " /s"));
+  }
+  a.proc->Kill(SIGTERM);
+  b.proc->Kill(SIGTERM);
+  std::filesystem::remove_all(dir);
+  return 0;
+}
+
+}  // namespace ferry::bench

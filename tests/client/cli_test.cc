@@ -1,0 +1,92 @@
+// The ferry CLI against real ferryd processes: every command, its output and exit codes.
+#include <gmock/gmock.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
+
+namespace ferry {
+namespace {
+
+using ::ferry::testing::Subprocess;
+
+struct Daemon {
+  std::unique_ptr<Subprocess> proc;
+  std::string url;
+};
+
+Daemon StartFerryd(const std::filesystem::path& dir) {
+  Daemon d;
+  auto p = Subprocess::Spawn({FERRYD_PATH, "--listen", "127.0.0.1:0", "--data-dir", dir.string(),
+                              "--domain", "lo"});
+  EXPECT_TRUE(p.ok());
+  d.proc = std::move(*p);
+  auto line = d.proc->ReadLine(absl::Seconds(30));
+  EXPECT_TRUE(line.ok());
+  d.url = "http://" + nlohmann::json::parse(*line)["listen"].get<std::string>();
+  return d;
+}
+
+// Runs the CLI; returns its exit code and stdout.
+std::pair<int, std::string> Ferry(std::vector<std::string> args) {
+  args.insert(args.begin(), FERRY_CLI_PATH);
+  auto p = Subprocess::Spawn(args);
+  EXPECT_TRUE(p.ok());
+  std::string out;
+  while (true) {
+    auto line = (*p)->ReadLine(absl::Seconds(60));
+    if (!line.ok()) break;
+    out += *line + "\n";
+  }
+  const int status = (*p)->Wait();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(CliTest, PutGetLsStatPullRmWithExitCodes) {
+  const auto dir = std::filesystem::temp_directory_path() / ("ferry-cli-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  Daemon a = StartFerryd(dir / "a"), b = StartFerryd(dir / "b");
+  std::string data(3 << 20, '\0');
+  std::mt19937_64 rng(9);
+  for (char& c : data) c = static_cast<char>(rng());
+  std::ofstream(dir / "in.bin", std::ios::binary) << data;
+
+  auto [put_rc, put_out] = Ferry({"--node", a.url, "put", "cli/obj", (dir / "in.bin").string()});
+  EXPECT_EQ(put_rc, 0);
+  EXPECT_THAT(put_out, ::testing::HasSubstr("cli/obj version 1, 3145728 bytes"));
+  EXPECT_EQ(Ferry({"--node", a.url, "put", "cli/obj", (dir / "in.bin").string()}).first, 4);
+  EXPECT_EQ(Ferry({"--node", a.url, "put", "cli/obj", (dir / "missing.bin").string()}).first, 3);
+  auto [pull_rc, pull_out] = Ferry({"--node", b.url, "pull", "cli/obj", "--from", a.url});
+  EXPECT_EQ(pull_rc, 0);
+  EXPECT_THAT(pull_out, ::testing::HasSubstr("pulled cli/obj: 3145728 bytes"));
+  EXPECT_EQ(Ferry({"--node", b.url, "get", "cli/obj", "-o", (dir / "out.bin").string()}).first, 0);
+  std::ifstream in(dir / "out.bin", std::ios::binary);
+  std::string back((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(back == data);
+  auto [ls_rc, ls_out] = Ferry({"--node", b.url, "ls", "cli/"});
+  EXPECT_EQ(ls_rc, 0);
+  EXPECT_THAT(ls_out, ::testing::HasSubstr("cli/obj"));
+  auto [stat_rc, stat_out] = Ferry({"--node", b.url, "stat", "cli/obj"});
+  EXPECT_EQ(stat_rc, 0);
+  EXPECT_THAT(stat_out, ::testing::HasSubstr("size 3145728"));
+  EXPECT_EQ(Ferry({"--node", b.url, "rm", "cli/obj"}).first, 0);
+  EXPECT_EQ(Ferry({"--node", b.url, "stat", "cli/obj"}).first, 3);
+  EXPECT_EQ(Ferry({"--node", b.url, "get", "nope"}).first, 3);
+  EXPECT_EQ(Ferry({"--node", "http://127.0.0.1:1", "ls"}).first, 5);
+  EXPECT_EQ(Ferry({"--node", "not-a-url", "ls"}).first, 1);
+  a.proc->Kill(SIGTERM);
+  b.proc->Kill(SIGTERM);
+  a.proc->Wait();
+  b.proc->Wait();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace ferry
