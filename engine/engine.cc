@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "engine/control.h"
@@ -31,19 +30,6 @@ constexpr size_t kMaxAddress = 256;
 
 // Transfers without a deadline of their own get this one.
 constexpr absl::Duration kDefaultTransferDeadline = absl::Seconds(60);
-
-std::string RandomNodeId() {
-  std::random_device rd;
-  std::mt19937_64 gen((uint64_t{rd()} << 32) ^ rd());
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string id(16, '0');
-  uint64_t v = gen();
-  for (char& c : id) {
-    c = kDigits[v & 0xf];
-    v >>= 4;
-  }
-  return id;
-}
 
 // FI_EP_RDM with SEND/RECV for control and one-sided WRITEs for data. We accept every
 // mr_mode bit we handle and FI_CONTEXT(2) / FI_RX_CQ_DATA; FI_THREAD_DOMAIN because only the
@@ -185,7 +171,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   const size_t nthreads = std::min(options.progress_threads, nrails);
 
   std::unique_ptr<Engine> engine(new Engine(options));
-  engine->node_id_ = options.node_id.empty() ? RandomNodeId() : options.node_id;
+  engine->node_id_ = options.node_id.empty() ? RandomId() : options.node_id;
   std::vector<std::vector<InfoPtr>> per_group(nthreads);
   for (size_t r = 0; r < nrails; ++r) {
     const size_t g = r % nthreads;

@@ -1,6 +1,7 @@
 #include "engine/types.h"
 
 #include <charconv>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -20,6 +21,19 @@ absl::StatusOr<Device> Device::Parse(std::string_view text) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown device '", std::string(text), "': want \"host\" or \"cuda:N\""));
+}
+
+std::string RandomId() {
+  std::random_device rd;
+  std::mt19937_64 gen((uint64_t{rd()} << 32) ^ rd());
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string id(16, '0');
+  uint64_t v = gen();
+  for (char& c : id) {
+    c = kDigits[v & 0xf];
+    v >>= 4;
+  }
+  return id;
 }
 
 std::string Device::ToString() const {

@@ -51,6 +51,9 @@ struct RegionDescriptor {
   bool operator==(const RegionDescriptor&) const = default;
 };
 
+// 16 random lowercase hex digits: node ids.
+std::string RandomId();
+
 nlohmann::json ToJson(const RegionDescriptor& d);
 // kInvalidArgument when a field is missing, has the wrong type, or the device is unknown.
 absl::StatusOr<RegionDescriptor> RegionDescriptorFromJson(const nlohmann::json& j);

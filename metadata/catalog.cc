@@ -1,11 +1,11 @@
 #include "metadata/catalog.h"
 
 #include <algorithm>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "engine/status.h"
+#include "engine/types.h"
 #include "nlohmann/json.hpp"
 #include "rocksdb/db.h"
 #include "rocksdb/write_batch.h"
@@ -85,15 +85,6 @@ absl::StatusOr<ObjectRecord> DecodeRecord(const std::string& value) {
   }
 }
 
-std::string RandomId() {
-  std::random_device rd;
-  std::mt19937_64 gen((uint64_t{rd()} << 32) ^ rd());
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string id(16, '0');
-  for (char& c : id) c = kDigits[gen() & 0xf];
-  return id;
-}
-
 }  // namespace
 
 absl::Status ValidateObjectName(const std::string& name) {
@@ -150,7 +141,7 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
   if (!s.ok() && !s.IsNotFound()) return FromRocksDb(s, "read schema version");
   s = db->Get({}, c->meta_, kNodeIdKey, &c->node_id_);
   if (s.IsNotFound()) {
-    c->node_id_ = RandomId();
+    c->node_id_ = engine::RandomId();
     rocksdb::WriteBatch batch;
     batch.Put(c->meta_, kSchemaKey, kSchemaVersion);
     batch.Put(c->meta_, kNodeIdKey, c->node_id_);

@@ -70,29 +70,6 @@ absl::StatusOr<ObjectTarget> ParseObjectTarget(const httplib::Request& req) {
   return t;
 }
 
-absl::StatusOr<std::vector<metadata::ObjectExtent>> ParseExtents(const nlohmann::json& body) {
-  auto it = body.find("extents");
-  if (it == body.end() || !it->is_array()) {
-    return absl::InvalidArgumentError("\"extents\" must be an array");
-  }
-  std::vector<metadata::ObjectExtent> out;
-  for (const auto& e : *it) {
-    if (!e.is_object()) return absl::InvalidArgumentError("an extent must be an object");
-    metadata::ObjectExtent x;
-    for (auto [field, dst] : {std::pair{"region", &x.region}, std::pair{"offset", &x.offset},
-                              std::pair{"length", &x.length}}) {
-      auto f = e.find(field);
-      if (f == e.end() || !f->is_number_unsigned()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("extent field \"", field, "\" must be an unsigned integer"));
-      }
-      *dst = f->get<uint64_t>();
-    }
-    out.push_back(x);
-  }
-  return out;
-}
-
 // GET /v1/objects/{name}/data. cpp-httplib applies Range headers itself (206, 416) and asks
 // the provider only for the bytes it sends, in pieces of at most 1 MiB.
 void GetData(Node& node, const std::string& name, const httplib::Request& req,
@@ -147,7 +124,7 @@ void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res
     if (m == "PUT") {
       auto body = ParseBody(req);
       if (!body.ok()) return WriteError(res, body.status());
-      auto extents = ParseExtents(*body);
+      auto extents = ExtentsFromJson(body->value("extents", nlohmann::json()));
       if (!extents.ok()) return WriteError(res, extents.status());
       auto replace = BoolParam(req, "replace");
       if (!replace.ok()) return WriteError(res, replace.status());

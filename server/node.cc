@@ -36,6 +36,19 @@ absl::StatusOr<uint64_t> UnsignedField(const nlohmann::json& j, const char* name
 
 }  // namespace
 
+absl::StatusOr<std::vector<metadata::ObjectExtent>> ExtentsFromJson(const nlohmann::json& j) {
+  if (!j.is_array()) return absl::InvalidArgumentError("\"extents\" must be an array");
+  std::vector<metadata::ObjectExtent> out;
+  for (const auto& e : j) {
+    if (!e.is_object()) return absl::InvalidArgumentError("an extent must be an object");
+    ASSIGN_OR_RETURN(uint64_t region, UnsignedField(e, "region"));
+    ASSIGN_OR_RETURN(uint64_t offset, UnsignedField(e, "offset"));
+    ASSIGN_OR_RETURN(uint64_t length, UnsignedField(e, "length"));
+    out.push_back({region, offset, length});
+  }
+  return out;
+}
+
 absl::Status Conflict(absl::string_view message) {
   return WithHttpStatus(absl::FailedPreconditionError(std::string(message)), 409);
 }
@@ -429,17 +442,10 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
     ASSIGN_OR_RETURN(RegionInfo region, AllocateRegion(device, j["size"].get<uint64_t>()));
     new_region = region.id;
     local.push_back({region.id, 0, region.size});
-  } else if (into.contains("extents") && into["extents"].is_array()) {
-    if (into["extents"].size() > options_.max_extents) {
-      return TooLarge(absl::StrCat(into["extents"].size(), " extents; the limit is ",
-                                   options_.max_extents));
-    }
-    for (const auto& e : into["extents"]) {
-      if (!e.is_object()) return absl::InvalidArgumentError("an extent must be an object");
-      ASSIGN_OR_RETURN(uint64_t region, UnsignedField(e, "region"));
-      ASSIGN_OR_RETURN(uint64_t offset, UnsignedField(e, "offset"));
-      ASSIGN_OR_RETURN(uint64_t length, UnsignedField(e, "length"));
-      local.push_back({region, offset, length});
+  } else if (into.contains("extents")) {
+    ASSIGN_OR_RETURN(local, ExtentsFromJson(into["extents"]));
+    if (local.size() > options_.max_extents) {
+      return TooLarge(absl::StrCat(local.size(), " extents; the limit is ", options_.max_extents));
     }
     if (local.empty()) return absl::InvalidArgumentError("\"extents\" is empty");
   } else {

@@ -56,6 +56,9 @@ struct PullStats {
   std::optional<uint64_t> region;  // the new buffer, for pulls into one
 };
 
+// [{"region":R,"offset":O,"length":L}, ...] with unsigned fields. kInvalidArgument otherwise.
+absl::StatusOr<std::vector<metadata::ObjectExtent>> ExtentsFromJson(const nlohmann::json& j);
+
 nlohmann::json ToJson(const RegionInfo& r);
 nlohmann::json ToJson(const ObjectView& o);
 nlohmann::json ToJson(const PullStats& s);

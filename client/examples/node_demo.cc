@@ -16,30 +16,14 @@
 #include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
 #include "ferry/client.h"
-#include "nlohmann/json.hpp"
-#include "tests/testing/subprocess.h"
+#include "tests/testing/ferryd_process.h"
 
 namespace {
 
-struct Node {
-  std::unique_ptr<ferry::testing::Subprocess> proc;
-  std::string url, id;
-};
-
-absl::StatusOr<Node> StartFerryd(const std::string& ferryd, const std::string& dir, size_t rails) {
-  Node n;
-  auto p = ferry::testing::Subprocess::Spawn({ferryd, "--listen", "127.0.0.1:0", "--data-dir", dir,
-                                              "--provider", "tcp", "--domain", "lo", "--rails",
-                                              std::to_string(rails)});
-  if (!p.ok()) return p.status();
-  n.proc = std::move(*p);
-  auto line = n.proc->ReadLine(absl::Seconds(30));
-  if (!line.ok()) return line.status();
-  auto j = nlohmann::json::parse(*line, nullptr, false);
-  if (j.is_discarded() || !j.contains("listen")) return absl::InternalError("ferryd: " + *line);
-  n.url = "http://" + j["listen"].get<std::string>();
-  n.id = j["node"].get<std::string>();
-  return n;
+absl::StatusOr<ferry::testing::FerrydProcess> StartFerryd(const std::string& ferryd,
+                                                         const std::string& dir, size_t rails) {
+  return ferry::testing::StartFerryd(ferryd, {"--data-dir", dir, "--provider", "tcp", "--domain",
+                                              "lo", "--rails", std::to_string(rails)});
 }
 
 double Gbps(uint64_t bytes, double s) { return s > 0 ? static_cast<double>(bytes) * 8 / s / 1e9 : 0; }
@@ -129,9 +113,7 @@ int main(int argc, char** argv) {
                 got.size(), get_s);
     rc = 0;
   } while (false);
-  a->proc->Kill(SIGTERM);
-  b->proc->Kill(SIGTERM);
-  const int sa = a->proc->Wait(), sb = b->proc->Wait();
+  const int sa = a->Stop(), sb = b->Stop();
   std::printf("stopped both nodes (exit %d, %d)\n", WEXITSTATUS(sa), WEXITSTATUS(sb));
   std::filesystem::remove_all(dir);
   return rc;

@@ -15,32 +15,28 @@
 #include "absl/time/clock.h"
 #include "metadata/catalog.h"
 #include "nlohmann/json.hpp"
-#include "tests/testing/subprocess.h"
+#include "tests/testing/ferryd_process.h"
 
 namespace ferry::bench {
 namespace {
 
 using json = nlohmann::json;
 
-struct Daemon {
-  std::unique_ptr<testing::Subprocess> proc;
-  std::string url;
+// A ferryd child that is stopped when it goes out of scope.
+struct Daemon : testing::FerrydProcess {
   ~Daemon() {
-    if (proc) {
-      proc->Kill(SIGTERM);
-      proc->Wait();
-    }
+    if (proc) Stop();
   }
 };
 
 bool Start(Daemon& d, const NodeFlags& f, const std::string& dir) {
-  auto p = testing::Subprocess::Spawn({f.ferryd, "--listen", "127.0.0.1:0", "--data-dir", dir,
-                                       "--domain", "lo", "--rails", std::to_string(f.rails)});
-  if (!p.ok()) return false;
-  d.proc = std::move(*p);
-  auto line = d.proc->ReadLine(absl::Seconds(30));
-  if (!line.ok()) return false;
-  d.url = "http://" + json::parse(*line)["listen"].get<std::string>();
+  auto p = testing::StartFerryd(f.ferryd, {"--data-dir", dir, "--domain", "lo", "--rails",
+                                           std::to_string(f.rails)});
+  if (!p.ok()) {
+    std::cerr << p.status() << "\n";
+    return false;
+  }
+  static_cast<testing::FerrydProcess&>(d) = std::move(*p);
   return true;
 }
 
@@ -205,8 +201,10 @@ int RunNodeBench(const NodeFlags& f) {
                      static_cast<int>(Percentile(us, 0.99)), " us; publish over HTTP (fsync each): ",
                      static_cast<int>(n_http / http_secs), " /s"));
   }
-  a.proc->Kill(SIGTERM);
-  b.proc->Kill(SIGTERM);
+  a.Stop();
+  b.Stop();
+  a.proc.reset();
+  b.proc.reset();
   std::filesystem::remove_all(dir);
   return 0;
 }

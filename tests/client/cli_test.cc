@@ -9,6 +9,7 @@
 #include <random>
 
 #include "nlohmann/json.hpp"
+#include "tests/testing/ferryd_process.h"
 #include "tests/testing/subprocess.h"
 
 namespace ferry {
@@ -16,21 +17,10 @@ namespace {
 
 using ::ferry::testing::Subprocess;
 
-struct Daemon {
-  std::unique_ptr<Subprocess> proc;
-  std::string url;
-};
-
-Daemon StartFerryd(const std::filesystem::path& dir) {
-  Daemon d;
-  auto p = Subprocess::Spawn({FERRYD_PATH, "--listen", "127.0.0.1:0", "--data-dir", dir.string(),
-                              "--domain", "lo"});
-  EXPECT_TRUE(p.ok());
-  d.proc = std::move(*p);
-  auto line = d.proc->ReadLine(absl::Seconds(30));
-  EXPECT_TRUE(line.ok());
-  d.url = "http://" + nlohmann::json::parse(*line)["listen"].get<std::string>();
-  return d;
+testing::FerrydProcess StartFerryd(const std::filesystem::path& dir) {
+  auto f = testing::StartFerryd(FERRYD_PATH, {"--data-dir", dir.string(), "--domain", "lo"});
+  EXPECT_TRUE(f.ok()) << f.status();
+  return f.ok() ? std::move(*f) : testing::FerrydProcess{};
 }
 
 // Runs the CLI; returns its exit code and stdout.
@@ -52,7 +42,8 @@ TEST(CliTest, PutGetLsStatPullRmWithExitCodes) {
   const auto dir = std::filesystem::temp_directory_path() / ("ferry-cli-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  Daemon a = StartFerryd(dir / "a"), b = StartFerryd(dir / "b");
+  testing::FerrydProcess a = StartFerryd(dir / "a"), b = StartFerryd(dir / "b");
+  ASSERT_TRUE(a.proc && b.proc);
   std::string data(3 << 20, '\0');
   std::mt19937_64 rng(9);
   for (char& c : data) c = static_cast<char>(rng());
@@ -81,10 +72,8 @@ TEST(CliTest, PutGetLsStatPullRmWithExitCodes) {
   EXPECT_EQ(Ferry({"--node", b.url, "get", "nope"}).first, 3);
   EXPECT_EQ(Ferry({"--node", "http://127.0.0.1:1", "ls"}).first, 5);
   EXPECT_EQ(Ferry({"--node", "not-a-url", "ls"}).first, 1);
-  a.proc->Kill(SIGTERM);
-  b.proc->Kill(SIGTERM);
-  a.proc->Wait();
-  b.proc->Wait();
+  EXPECT_EQ(a.Stop(), 0);
+  EXPECT_EQ(b.Stop(), 0);
   std::filesystem::remove_all(dir);
 }
 

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "nlohmann/json.hpp"
+#include "tests/testing/ferryd_process.h"
 #include "tests/testing/subprocess.h"
 
 namespace ferry {
@@ -35,40 +36,31 @@ class Ferryd {
   explicit Ferryd(std::filesystem::path data_dir, std::vector<std::string> extra = {})
       : data_dir_(std::move(data_dir)), extra_(std::move(extra)) {}
   void Start() {
-    std::vector<std::string> argv = {FERRYD_PATH,  "--listen", "127.0.0.1:0", "--data-dir",
-                                     data_dir_.string(), "--domain", "lo", "--rails", "2"};
-    argv.insert(argv.end(), extra_.begin(), extra_.end());
-    auto p = Subprocess::Spawn(argv);
-    ASSERT_TRUE(p.ok()) << p.status();
-    proc_ = std::move(*p);
-    auto line = proc_->ReadLine(absl::Seconds(30));
-    ASSERT_TRUE(line.ok()) << line.status();
-    auto j = json::parse(*line);
-    url_ = "http://" + j["listen"].get<std::string>();
-    id_ = j["node"].get<std::string>();
+    std::vector<std::string> args = {"--data-dir", data_dir_.string(), "--domain", "lo",
+                                     "--rails", "2"};
+    args.insert(args.end(), extra_.begin(), extra_.end());
+    auto f = testing::StartFerryd(FERRYD_PATH, args);
+    ASSERT_TRUE(f.ok()) << f.status();
+    f_ = std::move(*f);
   }
   void Kill9() {
-    proc_->Kill(SIGKILL);
-    proc_->Wait();
+    f_.proc->Kill(SIGKILL);
+    f_.proc->Wait();
   }
-  int Stop() {
-    proc_->Kill(SIGTERM);
-    return proc_->Wait();
-  }
+  int Stop() { return f_.Stop(); }
   httplib::Client Client(const std::string& token = "") const {
-    httplib::Client c(url_);
+    httplib::Client c(f_.url);
     c.set_read_timeout(120);
     if (!token.empty()) c.set_bearer_token_auth(token.c_str());
     return c;
   }
-  const std::string& url() const { return url_; }
-  const std::string& id() const { return id_; }
+  const std::string& url() const { return f_.url; }
+  const std::string& id() const { return f_.id; }
 
  private:
   std::filesystem::path data_dir_;
   std::vector<std::string> extra_;
-  std::unique_ptr<Subprocess> proc_;
-  std::string url_, id_;
+  testing::FerrydProcess f_;
 };
 
 std::string ErrorCode(const httplib::Result& r) {

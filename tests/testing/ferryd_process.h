@@ -1,0 +1,28 @@
+// A ferryd child process on an ephemeral loopback port, for tests, benchmarks and the demo.
+#ifndef FERRY_TESTS_TESTING_FERRYD_PROCESS_H_
+#define FERRY_TESTS_TESTING_FERRYD_PROCESS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tests/testing/subprocess.h"
+
+namespace ferry::testing {
+
+struct FerrydProcess {
+  std::unique_ptr<Subprocess> proc;
+  std::string url;  // http://127.0.0.1:PORT
+  std::string id;   // the node id
+  // SIGTERM, then waits; returns the wait status (0 after a clean stop).
+  int Stop();
+};
+
+// Starts `ferryd --listen 127.0.0.1:0 ARGS...` and reads the line it prints once listening.
+absl::StatusOr<FerrydProcess> StartFerryd(const std::string& ferryd,
+                                          const std::vector<std::string>& args);
+
+}  // namespace ferry::testing
+
+#endif  // FERRY_TESTS_TESTING_FERRYD_PROCESS_H_
