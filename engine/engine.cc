@@ -533,13 +533,14 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
       }
       tail.data = *req.immediate;
       state->tail = &tail;
+      state->tail_part = &part;
       state->tail_group = groups_[rail_refs_[last_rail].group].get();
     }
     int alive = 0, data_pending = 0;
     for (auto& part : parts) {
       if (!part) continue;
       part->data_unresolved = part->unresolved;
-      if (state->tail != nullptr && state->tail->part == part.get()) --part->data_unresolved;
+      if (state->tail_part == part.get()) --part->data_unresolved;
       ++alive;
       if (part->data_unresolved > 0) ++data_pending;
     }

@@ -407,8 +407,7 @@ void ProgressGroup::AddPart(std::unique_ptr<Part> part) {
     if (&op == t.tail) continue;
     rails_[op.rail]->queue.push_back(&op);
   }
-  if (p->data_unresolved == 0 && t.tail != nullptr && t.tail->part == p &&
-      t.parts_data_pending.load() == 0) {
+  if (p->data_unresolved == 0 && t.tail_part == p && t.parts_data_pending.load() == 0) {
     QueueTail(p->transfer);  // the tail is the transfer's only WRITE
   }
   for (auto& rs : rails_) PostWrites(*rs);
@@ -461,7 +460,7 @@ void ProgressGroup::KillPart(Part* part) {
   // in flight still completes (or fails) through the CQ before the part retires.
   part->dead = true;
   TransferState& t = *part->transfer;
-  if (t.tail != nullptr && t.tail->part == part && !part->tail_posted) {
+  if (t.tail_part == part && !part->tail_posted) {
     part->tail_posted = true;
     --part->unresolved;
   }

@@ -80,7 +80,10 @@ struct TransferState {
   std::atomic<int> parts_data_pending{0};  // parts whose non-tail WRITEs are not all done
   std::atomic<int> parts_alive{0};         // parts whose ops are not all resolved
   // The WRITE that carries the immediate, held back until every other WRITE has completed.
+  // It lives in `tail_part`, owned by `tail_group`: other groups compare these pointers but
+  // never dereference them (the part may already be freed there).
   WriteOp* tail = nullptr;
+  Part* tail_part = nullptr;
   ProgressGroup* tail_group = nullptr;
 
   absl::Mutex mu;
