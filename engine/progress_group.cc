@@ -81,11 +81,7 @@ absl::StatusOr<std::unique_ptr<ProgressGroup>> ProgressGroup::Start(
 
 ProgressGroup::~ProgressGroup() {
   stop_.store(true);
-  if (event_fd_ >= 0) {
-    uint64_t one = 1;
-    IgnoreError(write(event_fd_, &one, sizeof(one)) == sizeof(one) ? absl::OkStatus()
-                                                                   : absl::InternalError("wake"));
-  }
+  if (event_fd_ >= 0) Wake();
   if (thread_.joinable()) thread_.join();
   if (epoll_fd_ >= 0) close(epoll_fd_);
   if (event_fd_ >= 0) close(event_fd_);
@@ -96,10 +92,13 @@ void ProgressGroup::Run(Command command) {
     absl::MutexLock lock(&inbox_mu_);
     inbox_.push_back(std::move(command));
   }
-  uint64_t one = 1;
-  // A full eventfd counter still wakes the thread; nothing to do on failure.
-  if (write(event_fd_, &one, sizeof(one)) < 0) {
-  }
+  Wake();
+}
+
+void ProgressGroup::Wake() {
+  const uint64_t one = 1;
+  // The only failure is a full counter (EAGAIN), which wakes the thread just the same.
+  [[maybe_unused]] const ssize_t n = write(event_fd_, &one, sizeof(one));
 }
 
 absl::Status ProgressGroup::RunAndWait(absl::AnyInvocable<absl::Status(ProgressGroup&)> fn) {
@@ -197,8 +196,7 @@ void ProgressGroup::Block(bool has_parts) {
   for (int i = 0; i < n; ++i) {
     if (events[i].data.fd == event_fd_) {
       uint64_t count;
-      if (read(event_fd_, &count, sizeof(count)) < 0) {
-      }
+      [[maybe_unused]] const ssize_t n = read(event_fd_, &count, sizeof(count));  // reset it
     }
   }
 }

@@ -157,6 +157,7 @@ class ProgressGroup {
 
   ProgressGroup(Engine* engine, size_t index, const EngineOptions& options);
   void Main(std::vector<InfoPtr> infos, Completion* opened);
+  void Wake();  // makes the thread's epoll_wait return
   absl::Status OpenRails(std::vector<InfoPtr> infos);
   bool DrainInbox();
   size_t PollCq(RailState& rs);

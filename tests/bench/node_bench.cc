@@ -60,6 +60,42 @@ uint64_t NewRegion(httplib::Client& c, uint64_t size) {
   return r && r->status == 201 ? json::parse(r->body)["id"].get<uint64_t>() : 0;
 }
 
+// Times `iters` pulls (after `warmup` untimed ones) of a `size`-byte object that node A (ca)
+// holds in a region of its own into a region of node B (cb): wall seconds of each
+// POST /v1/pulls and the source engine's seconds for its WRITEs. The object and both regions
+// are deleted afterwards.
+struct PullTimes {
+  std::vector<double> wall, engine;
+};
+absl::StatusOr<PullTimes> TimePulls(httplib::Client& ca, httplib::Client& cb,
+                                    const std::string& a_url, uint64_t size, int warmup,
+                                    int iters) {
+  const uint64_t src = NewRegion(ca, size), dst = NewRegion(cb, size);
+  const std::string name = "bench" + std::to_string(size);
+  auto extent = [size](uint64_t region) {
+    return json::array({{{"region", region}, {"offset", 0}, {"length", size}}});
+  };
+  ca.Put(("/v1/objects/" + name).c_str(), json{{"extents", extent(src)}}.dump(), "application/json");
+  const std::string body =
+      json{{"from", a_url}, {"object", name}, {"into", {{"extents", extent(dst)}}}}.dump();
+  PullTimes out;
+  for (int i = 0; i < warmup + iters; ++i) {
+    const absl::Time t = absl::Now();
+    auto r = cb.Post("/v1/pulls", body, "application/json");
+    const double wall = absl::ToDoubleSeconds(absl::Now() - t);
+    if (!r || r->status != 200) {
+      return absl::UnavailableError("pull failed: " + (r ? r->body : std::string("no response")));
+    }
+    if (i < warmup) continue;
+    out.wall.push_back(wall);
+    out.engine.push_back(json::parse(r->body)["seconds"].get<double>());
+  }
+  ca.Delete(("/v1/objects/" + name).c_str());
+  ca.Delete(("/v1/regions/" + std::to_string(src)).c_str());
+  cb.Delete(("/v1/regions/" + std::to_string(dst)).c_str());
+  return out;
+}
+
 }  // namespace
 
 int RunNodeBench(const NodeFlags& f) {
@@ -79,62 +115,34 @@ int RunNodeBench(const NodeFlags& f) {
 
   // 1. Latency of a 4 KiB pull through HTTP: POST /v1/pulls on B into B's own extent.
   {
-    const uint64_t src = NewRegion(ca, 4096), dst = NewRegion(cb, 4096);
-    ca.Put("/v1/objects/lat", json{{"extents", {{{"region", src}, {"offset", 0}, {"length", 4096}}}}}.dump(),
-           "application/json");
-    const std::string body = json{{"from", a.url}, {"object", "lat"},
-                                  {"into", {{"extents", {{{"region", dst}, {"offset", 0}, {"length", 4096}}}}}}}
-                                 .dump();
-    std::vector<double> us, wire_us;
-    for (int i = 0; i < f.latency_iters + 10; ++i) {
-      const absl::Time t = absl::Now();
-      auto r = cb.Post("/v1/pulls", body, "application/json");
-      const double wall = absl::ToDoubleMicroseconds(absl::Now() - t);
-      if (!r || r->status != 200) {
-        std::cerr << "pull failed: " << (r ? r->body : "no response") << "\n";
-        return 1;
-      }
-      if (i < 10) continue;  // warm-up
-      us.push_back(wall);
-      wire_us.push_back(json::parse(r->body)["seconds"].get<double>() * 1e6);
+    auto times = TimePulls(ca, cb, a.url, 4096, 10, f.latency_iters);
+    if (!times.ok()) {
+      std::cerr << times.status() << "\n";
+      return 1;
     }
+    const double p50 = Percentile(times->wall, 0.5) * 1e6, p99 = Percentile(times->wall, 0.99) * 1e6;
+    const double engine_p50 = Percentile(times->engine, 0.5) * 1e6;
     Row(f,
         {{"bench", "node_pull_latency"}, {"bytes", 4096}, {"iters", f.latency_iters},
-         {"p50_us", Percentile(us, 0.5)}, {"p99_us", Percentile(us, 0.99)},
-         {"engine_p50_us", Percentile(wire_us, 0.5)}},
+         {"p50_us", p50}, {"p99_us", p99}, {"engine_p50_us", engine_p50}},
         absl::StrCat("pull 4 KiB through HTTP, ", f.latency_iters, " pulls: p50 ",
-                     static_cast<int>(Percentile(us, 0.5)), " us, p99 ",
-                     static_cast<int>(Percentile(us, 0.99)), " us (engine alone p50 ",
-                     static_cast<int>(Percentile(wire_us, 0.5)), " us)"));
+                     static_cast<int>(p50), " us, p99 ", static_cast<int>(p99),
+                     " us (engine alone p50 ", static_cast<int>(engine_p50), " us)"));
   }
 
-  // 2. Throughput through HTTP next to the engine's own time for the same WRITEs.
+  // 2. Throughput through HTTP next to the engine's own time for the same WRITEs; the first
+  // pull into fresh buffers is cold and not timed.
   if (!f.json) {
     std::printf("%12s %6s %12s %12s %12s %12s %7s\n", "bytes", "iters", "http s", "http MB/s",
                 "engine s", "engine MB/s", "ratio");
   }
   for (uint64_t size : f.sizes) {
-    const uint64_t src = NewRegion(ca, size), dst = NewRegion(cb, size);
-    const std::string name = "tput" + std::to_string(size);
-    ca.Put(("/v1/objects/" + name).c_str(),
-           json{{"extents", {{{"region", src}, {"offset", 0}, {"length", size}}}}}.dump(), "application/json");
-    const std::string body = json{{"from", a.url}, {"object", name},
-                                  {"into", {{"extents", {{{"region", dst}, {"offset", 0}, {"length", size}}}}}}}
-                                 .dump();
-    std::vector<double> http_s, engine_s;
-    for (int i = 0; i < f.iters + 1; ++i) {
-      const absl::Time t = absl::Now();
-      auto r = cb.Post("/v1/pulls", body, "application/json");
-      const double wall = absl::ToDoubleSeconds(absl::Now() - t);
-      if (!r || r->status != 200) {
-        std::cerr << "pull failed: " << (r ? r->body : "no response") << "\n";
-        return 1;
-      }
-      if (i == 0) continue;  // the first pull of fresh buffers is cold
-      http_s.push_back(wall);
-      engine_s.push_back(json::parse(r->body)["seconds"].get<double>());
+    auto times = TimePulls(ca, cb, a.url, size, 1, f.iters);
+    if (!times.ok()) {
+      std::cerr << times.status() << "\n";
+      return 1;
     }
-    const double hs = Percentile(http_s, 0.5), es = Percentile(engine_s, 0.5);
+    const double hs = Percentile(times->wall, 0.5), es = Percentile(times->engine, 0.5);
     const double mb = static_cast<double>(size) / 1e6;
     char line[256];
     std::snprintf(line, sizeof(line), "%12llu %6d %12.5f %12.1f %12.5f %12.1f %7.2f",
@@ -142,9 +150,6 @@ int RunNodeBench(const NodeFlags& f) {
     Row(f, {{"bench", "node_pull_throughput"}, {"bytes", size}, {"iters", f.iters},
             {"http_seconds", hs}, {"engine_seconds", es}, {"ratio", es / hs}},
         line);
-    ca.Delete(("/v1/objects/" + name).c_str());
-    ca.Delete(("/v1/regions/" + std::to_string(src)).c_str());
-    cb.Delete(("/v1/regions/" + std::to_string(dst)).c_str());
   }
 
   // 3. Catalog: publish rate with `objects` objects, then lookup latency over HTTP with all of
