@@ -362,12 +362,8 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
   }
   if (!status.ok()) {
     for (size_t g = 0; g < groups_.size(); ++g) {
-      IgnoreError(groups_[g]->RunAndWait([this, g, fi_addrs](ProgressGroup& pg) {
-        for (size_t r = 0; r < rails_.size(); ++r) {
-          fi_addr_t fa = (*fi_addrs)[r];
-          if (rail_refs_[r].group != g || fa == FI_ADDR_NOTAVAIL) continue;
-          fi_av_remove(pg.rail(rail_refs_[r].index_in_group).av(), &fa, 1, 0);
-        }
+      IgnoreError(groups_[g]->RunAndWait([addrs = GroupAddresses(g, *fi_addrs)](ProgressGroup& pg) {
+        pg.RemoveAddresses(addrs);
         return absl::OkStatus();
       }));
     }
@@ -376,6 +372,15 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
   absl::MutexLock lock(&mu_);
   peers_.emplace(id, Peer{peer, *fi_addrs});
   return id;
+}
+
+std::vector<uint64_t> Engine::GroupAddresses(size_t group,
+                                             const std::vector<uint64_t>& fi_addrs) const {
+  std::vector<uint64_t> out(groups_[group]->rail_count(), FI_ADDR_NOTAVAIL);
+  for (size_t r = 0; r < rails_.size(); ++r) {
+    if (rail_refs_[r].group == group) out[rail_refs_[r].index_in_group] = fi_addrs[r];
+  }
+  return out;
 }
 
 absl::Status Engine::RemovePeer(PeerId id) {
@@ -390,13 +395,9 @@ absl::Status Engine::RemovePeer(PeerId id) {
   const absl::Status gone =
       absl::UnavailableError(absl::StrCat("peer ", peer.address.node, " was removed"));
   for (size_t g = 0; g < groups_.size(); ++g) {
-    IgnoreError(groups_[g]->RunAndWait([&](ProgressGroup& pg) {
+    IgnoreError(groups_[g]->RunAndWait([&, addrs = GroupAddresses(g, peer.fi_addrs)](ProgressGroup& pg) {
       pg.FailPeer(id, gone);
-      for (size_t r = 0; r < rails_.size(); ++r) {
-        if (rail_refs_[r].group != g) continue;
-        fi_addr_t fa = peer.fi_addrs[r];
-        fi_av_remove(pg.rail(rail_refs_[r].index_in_group).av(), &fa, 1, 0);
-      }
+      pg.RemoveAddresses(addrs);
       return absl::OkStatus();
     }));
   }

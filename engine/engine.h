@@ -228,6 +228,8 @@ class Engine {
   void OnImmediate(uint64_t tag);
   void OnControl(std::string_view frame);
   void ReleaseRegions(const std::vector<RegionId>& regions);
+  // Of per-engine-rail addresses, those of `group`'s rails, indexed by rail within the group.
+  std::vector<uint64_t> GroupAddresses(size_t group, const std::vector<uint64_t>& fi_addrs) const;
 
   struct Peer {
     PeerAddress address;

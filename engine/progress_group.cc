@@ -247,13 +247,9 @@ size_t ProgressGroup::PollCq(RailState& rs) {
       case OpKind::kWrite:
         OnWriteDone(static_cast<WriteOp*>(op), s);
         break;
-      case OpKind::kSend: {
-        auto* send = static_cast<SendOp*>(op);
-        send->done->Set(s);
-        send->done.reset();
-        rs.free_sends.push_back(send->slot);
+      case OpKind::kSend:
+        FinishSend(rs, static_cast<SendOp*>(op), s);
         break;
-      }
       case OpKind::kRecv:
         if (err.err != FI_ECANCELED) PostRecv(rs, *static_cast<RecvOp*>(op));
         break;
@@ -278,13 +274,9 @@ size_t ProgressGroup::PollCq(RailState& rs) {
       case OpKind::kWrite:
         OnWriteDone(static_cast<WriteOp*>(op), absl::OkStatus());
         break;
-      case OpKind::kSend: {
-        auto* send = static_cast<SendOp*>(op);
-        send->done->Set(absl::OkStatus());
-        send->done.reset();
-        rs.free_sends.push_back(send->slot);
+      case OpKind::kSend:
+        FinishSend(rs, static_cast<SendOp*>(op), absl::OkStatus());
         break;
-      }
       case OpKind::kRecv: {
         auto* recv = static_cast<RecvOp*>(op);
         engine_->OnControl(std::string_view(recv->buffer, e.len));
@@ -296,8 +288,8 @@ size_t ProgressGroup::PollCq(RailState& rs) {
   return static_cast<size_t>(n);
 }
 
-WriteOp* ProgressGroup::PopLive(RailState& rs) {
-  // KillPart purges a dead part's queued WRITEs, so the front is always live.
+WriteOp* ProgressGroup::QueueFront(RailState& rs) {
+  // KillPart purges a dead part's queued WRITEs, so whatever is queued is to be posted.
   return rs.queue.empty() ? nullptr : rs.queue.front();
 }
 
@@ -306,14 +298,14 @@ bool ProgressGroup::PostWrites(RailState& rs) {
   // the provider answers -FI_EAGAIN. The op stays queued on -FI_EAGAIN, so nothing is lost.
   bool posted = false;
   size_t burst = 0;
-  WriteOp* op = PopLive(rs);
+  WriteOp* op = QueueFront(rs);
   auto room = [&](const WriteOp* w) {
     return rs.in_flight < rs.depth &&
            (rs.in_flight == 0 || rs.in_flight_bytes + w->length <= options_.max_inflight_bytes);
   };
   while (op != nullptr && room(op)) {
     rs.queue.pop_front();
-    WriteOp* next = PopLive(rs);
+    WriteOp* next = QueueFront(rs);
     ++burst;
     ++rs.in_flight;  // counted before the post: `more` must know whether `next` fits
     rs.in_flight_bytes += op->length;
@@ -347,7 +339,7 @@ bool ProgressGroup::PostWrites(RailState& rs) {
     if (burst == kPostBurst) burst = 0;
     if (rc != 0) {
       OnWriteDone(op, FiError(rc, "fi_writemsg"));
-      next = PopLive(rs);  // the failure may have purged the queue
+      next = QueueFront(rs);  // the failure may have purged the queue
     } else {
       posted = true;
     }
@@ -365,14 +357,18 @@ bool ProgressGroup::PostSends(RailState& rs) {
     if (rc == -FI_EAGAIN) break;
     rs.pending_sends.pop_front();
     if (rc != 0) {
-      op->done->Set(FiError(rc, "fi_send"));
-      op->done.reset();
-      rs.free_sends.push_back(op->slot);
+      FinishSend(rs, op, FiError(rc, "fi_send"));
       continue;
     }
     posted = true;
   }
   return posted;
+}
+
+void ProgressGroup::FinishSend(RailState& rs, SendOp* op, const absl::Status& status) {
+  op->done->Set(status);
+  op->done.reset();
+  rs.free_sends.push_back(op->slot);
 }
 
 void ProgressGroup::QueueSend(size_t rail, fi_addr_t dest, std::string message,
@@ -499,6 +495,13 @@ void ProgressGroup::ScanParts() {
     if (t.finished.load(std::memory_order_acquire)) to_kill.push_back(p);
   }
   for (Part* p : to_kill) KillPart(p);
+}
+
+void ProgressGroup::RemoveAddresses(const std::vector<fi_addr_t>& addrs) {
+  for (size_t i = 0; i < rails_.size() && i < addrs.size(); ++i) {
+    fi_addr_t fa = addrs[i];
+    if (fa != FI_ADDR_NOTAVAIL) fi_av_remove(rails_[i]->rail->av(), &fa, 1, 0);
+  }
 }
 
 void ProgressGroup::FailPeer(PeerId peer, const absl::Status& status) {

@@ -135,6 +135,8 @@ class ProgressGroup {
   void AddPart(std::unique_ptr<Part> part);
   void QueueTail(const std::shared_ptr<TransferState>& transfer);
   void FailPeer(PeerId peer, const absl::Status& status);
+  // Removes addrs[i] from rail i's AV (FI_ADDR_NOTAVAIL entries are skipped).
+  void RemoveAddresses(const std::vector<fi_addr_t>& addrs);
   // Posts a control message (already framed) on rail `rail`.
   void QueueSend(size_t rail, fi_addr_t dest, std::string message,
                  std::shared_ptr<Completion> done);
@@ -172,7 +174,8 @@ class ProgressGroup {
   void ScanParts();
   void Block(bool has_parts);
   void Shutdown();
-  WriteOp* PopLive(RailState& rs);
+  WriteOp* QueueFront(RailState& rs);
+  void FinishSend(RailState& rs, SendOp* op, const absl::Status& status);
 
   Engine* const engine_;
   const size_t index_;

@@ -340,11 +340,9 @@ absl::StatusOr<PullStats> Node::ServePull(const std::string& name, const nlohman
   };
   std::vector<Abs> spans;
   uint64_t total = 0;
-  for (const auto& e : *extents) {
-    if (!e.is_object()) return absl::InvalidArgumentError("an extent must be an object");
-    ASSIGN_OR_RETURN(uint64_t region, UnsignedField(e, "region"));
-    ASSIGN_OR_RETURN(uint64_t offset, UnsignedField(e, "offset"));
-    ASSIGN_OR_RETURN(uint64_t length, UnsignedField(e, "length"));
+  // Here an extent's "region" is an index into "regions".
+  ASSIGN_OR_RETURN(std::vector<metadata::ObjectExtent> parsed, ExtentsFromJson(*extents));
+  for (const auto& [region, offset, length] : parsed) {
     if (region >= t.dst_regions.size()) {
       return absl::InvalidArgumentError(absl::StrCat("extent names region ", region, " of ",
                                                      t.dst_regions.size()));
