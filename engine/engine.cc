@@ -72,7 +72,7 @@ void Transfer::Cancel() {
 
 absl::Status ImmediateCounter::Wait(absl::Time deadline) const {
   absl::MutexLock lock(&mu_);
-  auto fired = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return arrived_ >= count_; };
+  auto fired = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return fired_; };
   if (!mu_.AwaitWithDeadline(absl::Condition(&fired), deadline)) {
     return absl::DeadlineExceededError(
         absl::StrCat(arrived_, " of ", count_, " immediates landed before the deadline"));
@@ -83,6 +83,12 @@ absl::Status ImmediateCounter::Wait(absl::Time deadline) const {
 uint64_t ImmediateCounter::arrived() const {
   absl::MutexLock lock(&mu_);
   return arrived_;
+}
+
+void ImmediateCounter::Fire() {
+  if (on_fire_) on_fire_();
+  absl::MutexLock lock(&mu_);
+  fired_ = true;
 }
 
 uint64_t ImmediateCounter::Add(uint64_t n, bool* fired) {
@@ -609,7 +615,7 @@ void Engine::OnImmediate(uint64_t tag) {
       imm_counters_.erase(it);
     }
   }
-  if (fired_counter && fired_counter->on_fire_) fired_counter->on_fire_();
+  if (fired_counter) fired_counter->Fire();
 }
 
 absl::StatusOr<std::shared_ptr<ImmediateCounter>> Engine::ExpectImmediates(
@@ -633,7 +639,7 @@ absl::StatusOr<std::shared_ptr<ImmediateCounter>> Engine::ExpectImmediates(
     }
     if (!fired) imm_counters_.emplace(tag, counter);
   }
-  if (fired && counter->on_fire_) counter->on_fire_();
+  if (fired) counter->Fire();
   return counter;
 }
 

@@ -123,7 +123,8 @@ class Transfer {
 // Thread-safe.
 class ImmediateCounter {
  public:
-  // kOk once `count` immediates have landed; kDeadlineExceeded if `deadline` passes first.
+  // kOk once `count` immediates have landed and `on_fire` has returned; kDeadlineExceeded if
+  // `deadline` passes first.
   absl::Status Wait(absl::Time deadline) const;
   uint64_t arrived() const;
 
@@ -132,13 +133,16 @@ class ImmediateCounter {
   ImmediateCounter(uint64_t count, std::function<void()> on_fire)
       : count_(count), on_fire_(std::move(on_fire)) {}
   // Adds up to n arrivals; returns how many it did not need and sets *fired when this call
-  // reached the count.
+  // reached the count (the caller then calls Fire, outside its locks).
   uint64_t Add(uint64_t n, bool* fired);
+  // Runs on_fire, then lets Wait return.
+  void Fire();
 
   const uint64_t count_;
   std::function<void()> on_fire_;
   mutable absl::Mutex mu_;
   uint64_t arrived_ ABSL_GUARDED_BY(mu_) = 0;
+  bool fired_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // While alive, the engine's progress threads poll their rails instead of blocking when idle.
