@@ -1,10 +1,15 @@
 #include "engine/rail.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "engine/status.h"
+#include "engine/types.h"
 
 namespace ferry::engine {
 namespace {
@@ -15,6 +20,19 @@ absl::Status Check(int rc, std::string_view call) {
 }
 
 }  // namespace
+
+int RemoveShmLeftovers(pid_t pid) {
+  const std::string prefix = absl::StrCat(kShmNamePrefix, pid, "-");
+  std::error_code ec;
+  int removed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    if (entry.path().filename().string().starts_with(prefix) &&
+        std::filesystem::remove(entry.path(), ec)) {
+      ++removed;
+    }
+  }
+  return removed;
+}
 
 uint64_t NextMrKey() {
   static std::atomic<uint64_t> next{1};
@@ -68,6 +86,16 @@ absl::StatusOr<std::unique_ptr<Rail>> Rail::Open(const fi_info& info, size_t tx_
   rail->ep_.reset(ep);
   RETURN_IF_ERROR(Check(fi_ep_bind(ep, &av->fid, 0), "fi_ep_bind(av)"));
   RETURN_IF_ERROR(Check(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)"));
+  if (std::strcmp(fi->fabric_attr->prov_name, "shm") == 0) {
+    // shm names its region "pid:uid:index" by default. A process killed earlier leaves its
+    // region behind, and when its pid comes round again fi_enable fails with EBUSY. A random
+    // part makes the name unique; the pid stays in it so that whoever killed the process
+    // can find what it left (RemoveShmLeftovers).
+    const std::string shm_name = absl::StrCat(kShmNamePrefix, getpid(), "-", RandomId());
+    RETURN_IF_ERROR(Check(fi_setname(&ep->fid, const_cast<char*>(shm_name.c_str()),
+                                     shm_name.size() + 1),
+                          "fi_setname"));
+  }
   RETURN_IF_ERROR(Check(fi_enable(ep), "fi_enable"));
 
   char name[256];

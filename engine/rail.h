@@ -3,6 +3,8 @@
 #ifndef FERRY_ENGINE_RAIL_H_
 #define FERRY_ENGINE_RAIL_H_
 
+#include <sys/types.h>
+
 #include <memory>
 #include <string>
 
@@ -18,6 +20,13 @@ struct RailMr {
   uint64_t key = 0;
   void* desc = nullptr;  // fi_mr_desc; what FI_MR_LOCAL providers need for local buffers
 };
+
+// shm endpoints are named kShmNamePrefix + pid + "-" + random hex, one file each in /dev/shm.
+inline constexpr char kShmNamePrefix[] = "ferry-shm-";
+
+// Removes the shm files a process left behind when it was killed (a clean exit removes its
+// own). Call it only once `pid` has been reaped. Returns how many were removed.
+int RemoveShmLeftovers(pid_t pid);
 
 // A process-wide unique key to request for an MR (providers without FI_MR_PROV_KEY use it).
 uint64_t NextMrKey();

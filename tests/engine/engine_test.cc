@@ -8,10 +8,13 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "engine/fabric.h"
+#include "engine/rail.h"
 #include "engine/status.h"
 #include "tests/testing/engine_peer.h"
 #include "tests/testing/pattern.h"
@@ -31,6 +34,14 @@ struct Params {
   std::string provider;
   size_t rails;
 };
+
+size_t ShmFilesStartingWith(const std::string& prefix) {
+  size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    if (entry.path().filename().string().starts_with(prefix)) ++n;
+  }
+  return n;
+}
 
 void PrintTo(const Params& p, std::ostream* os) { *os << p.provider << " x" << p.rails; }
 
@@ -204,8 +215,15 @@ TEST_P(EngineTest, TransferToAnExitedPeerFailsWithinItsDeadlineAndEngineKeepsWor
   SourceBuffer src_buf(*engine_, 64 << 20);
   std::vector<Extent> all = {{0, 0, 64 << 20}};
   ASSERT_OK(engine_->Write(Request(all, src_buf.region, all)));
+  const std::string shm_files = absl::StrCat(kShmNamePrefix, peer_->pid(), "-");
+  if (GetParam().provider == "shm") {
+    // One uniquely named file per rail (a pid that comes round again cannot collide), and
+    // reaping the killed peer removes them (Subprocess::Wait calls RemoveShmLeftovers).
+    EXPECT_EQ(ShmFilesStartingWith(shm_files), GetParam().rails);
+  }
   peer_->Kill(SIGKILL);
   peer_->Wait();
+  EXPECT_EQ(ShmFilesStartingWith(shm_files), 0u);
   TransferRequest req = Request(all, src_buf.region, all);
   const absl::Time start = absl::Now();
   req.deadline = start + absl::Seconds(5);

@@ -16,7 +16,7 @@ absl::StatusOr<FerrydProcess> StartFerryd(const std::string& ferryd,
   std::vector<std::string> argv = {ferryd, "--listen", "127.0.0.1:0"};
   argv.insert(argv.end(), args.begin(), args.end());
   FerrydProcess f;
-  auto p = Subprocess::Spawn(argv);
+  auto p = Subprocess::Spawn(argv, SIGTERM);
   if (!p.ok()) return p.status();
   f.proc = std::move(*p);
   auto line = f.proc->ReadLine(absl::Seconds(30));

@@ -11,13 +11,15 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "engine/rail.h"
 
 extern char** environ;
 
 namespace ferry::testing {
 
 absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
-    const std::vector<std::string>& argv) {
+    const std::vector<std::string>& argv, int stop_signal) {
   int in[2], out[2];
   if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe2: ", strerror(errno)));
@@ -34,6 +36,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
   posix_spawn_file_actions_destroy(&actions);
   close(in[0]);
   close(out[1]);
+  p->stop_signal_ = stop_signal;
   p->in_fd_ = in[1];
   p->out_fd_ = out[0];
   if (rc != 0) {
@@ -44,11 +47,24 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
 }
 
 Subprocess::~Subprocess() {
-  if (!reaped_ && pid_ > 0) {
-    kill(pid_, SIGKILL);
-    Wait();
-  }
+  // A child that does not finish within the grace period is killed, and Reaped removes what
+  // it left in /dev/shm.
   if (in_fd_ >= 0) close(in_fd_);
+  if (!reaped_ && pid_ > 0) {
+    if (stop_signal_ != 0) kill(pid_, stop_signal_);
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    int status = 0;
+    pid_t r = 0;
+    while ((r = waitpid(pid_, &status, WNOHANG)) == 0 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    if (r == pid_) {
+      Reaped(status);
+    } else {
+      kill(pid_, SIGKILL);
+      Wait();
+    }
+  }
   if (out_fd_ >= 0) close(out_fd_);
 }
 
@@ -98,6 +114,11 @@ absl::StatusOr<nlohmann::json> Subprocess::Call(const nlohmann::json& request,
   return j;
 }
 
+void Subprocess::Reaped(int status) {
+  reaped_ = true;
+  if (WIFSIGNALED(status)) engine::RemoveShmLeftovers(pid_);
+}
+
 void Subprocess::Kill(int signal) {
   if (!reaped_) kill(pid_, signal);
 }
@@ -107,7 +128,7 @@ int Subprocess::Wait() {
   int status = 0;
   while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
   }
-  reaped_ = true;
+  Reaped(status);
   return status;
 }
 

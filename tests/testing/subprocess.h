@@ -18,9 +18,12 @@ namespace ferry::testing {
 class Subprocess {
  public:
   // Starts argv[0] with argv (posix_spawn: no fork of a process that may hold CUDA or
-  // libfabric state). stderr is inherited.
-  static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(const std::vector<std::string>& argv);
-  // Kills (SIGKILL) and reaps the child if it still runs.
+  // libfabric state). stderr is inherited. `stop_signal` is how the destructor asks the child
+  // to finish: 0 for a child that ends when its stdin closes, else a signal (SIGTERM).
+  static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(const std::vector<std::string>& argv,
+                                                           int stop_signal = 0);
+  // Closes the child's stdin, sends the stop signal and reaps it; one still running 10 s later
+  // is killed (SIGKILL).
   ~Subprocess();
 
   absl::Status WriteLine(const std::string& line);
@@ -30,13 +33,16 @@ class Subprocess {
   absl::StatusOr<nlohmann::json> Call(const nlohmann::json& request,
                                       absl::Duration timeout = absl::Seconds(120));
   void Kill(int signal);
-  // Waits for the child to exit; returns its wait status.
+  // Waits for the child to exit; returns its wait status. Removes the shm files of a child that
+  // died of a signal.
   int Wait();
   pid_t pid() const { return pid_; }
 
  private:
   Subprocess() = default;
+  void Reaped(int status);
   pid_t pid_ = -1;
+  int stop_signal_ = 0;
   int in_fd_ = -1;   // child's stdin
   int out_fd_ = -1;  // child's stdout
   std::string buffer_;
