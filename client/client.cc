@@ -82,9 +82,10 @@ absl::Status Client::Health() {
 }
 
 absl::StatusOr<ObjectInfo> Client::Put(const std::string& name, std::string_view data,
-                                       bool replace, const Progress& progress) {
-  const std::string path = "/v1/objects/" + EncodeName(name) + "/data" +
-                           (replace ? "?replace=true" : "");
+                                       bool replace, const Progress& progress,
+                                       const std::string& device) {
+  const std::string path = "/v1/objects/" + EncodeName(name) + "/data?device=" + device +
+                           (replace ? "&replace=true" : "");
   const size_t total = data.size();
   auto r = impl_->http.Put(
       path.c_str(), total,
@@ -162,9 +163,10 @@ absl::StatusOr<ObjectInfo> Client::Publish(const std::string& name,
 }
 
 absl::StatusOr<PullResult> Client::Pull(const std::string& name, const std::string& from,
-                                        const std::string& as, bool replace) {
-  nlohmann::json body = {{"from", from}, {"object", name}, {"into", {{"device", "host"}}},
-                         {"replace", replace}};
+                                        const std::string& as, bool replace,
+                                        const std::string& device, const std::string& path) {
+  nlohmann::json body = {{"from", from}, {"object", name}, {"into", {{"device", device}}},
+                         {"replace", replace}, {"path", path}};
   if (!as.empty()) body["as"] = as;
   ASSIGN_OR_RETURN(auto j, JsonBody(impl_->http.Post("/v1/pulls", body.dump(), "application/json"),
                                     impl_->url));

@@ -60,12 +60,14 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string node = "http://127.0.0.1:7070";
   app.add_option("--node", node, "the node to talk to")->capture_default_str();
-  std::string name, file, out, prefix, from, to, as;
+  std::string name, file, out, prefix, from, to, as, device = "host", path = "auto";
   bool replace = false;
   auto* put = app.add_subcommand("put", "upload FILE as object NAME");
   put->add_option("NAME", name)->required();
   put->add_option("FILE", file)->required();
   put->add_flag("--replace", replace, "make a new version if NAME exists");
+  put->add_option("--device", device, "where the node keeps it: host or cuda:N")
+      ->capture_default_str();
   auto* get = app.add_subcommand("get", "download object NAME");
   get->add_option("NAME", name)->required();
   get->add_option("-o,--output", out, "file to write (default: stdout)");
@@ -81,6 +83,9 @@ int main(int argc, char** argv) {
   pull->add_option("--to", to, "destination node URL (default: --node)");
   pull->add_option("--as", as, "name to publish the copy as (default: NAME)");
   pull->add_flag("--replace", replace, "make a new version if the name exists there");
+  pull->add_option("--device", device, "where the copy goes: host or cuda:N")
+      ->capture_default_str();
+  pull->add_option("--path", path, "auto, rdma, cuda_ipc or staged")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   const char* token = std::getenv("FERRY_TOKEN");
@@ -94,7 +99,7 @@ int main(int argc, char** argv) {
     std::stringstream buf;
     buf << in.rdbuf();
     const std::string data = buf.str();
-    auto r = c.Put(name, data, replace, ProgressLine("put"));
+    auto r = c.Put(name, data, replace, ProgressLine("put"), device);
     if (!r.ok()) return Fail(r.status());
     Rate("put", data.size(), absl::ToDoubleSeconds(absl::Now() - start));
     std::printf("%s version %llu, %llu bytes\n", r->name.c_str(),
@@ -132,7 +137,7 @@ int main(int argc, char** argv) {
     absl::Status s = c.Remove(name);
     if (!s.ok()) return Fail(s);
   } else if (*pull) {
-    auto r = c.Pull(name, from, as, replace);
+    auto r = c.Pull(name, from, as, replace, device, path);
     if (!r.ok()) return Fail(r.status());
     std::printf("pulled %s: %llu bytes over %zu rail(s) (%s) in %.3f s on the wire: %.2f Gbit/s\n",
                 name.c_str(), static_cast<unsigned long long>(r->bytes), r->bytes_per_rail.size(),

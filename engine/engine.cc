@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/control.h"
+#include "engine/cuda.h"
 #include "engine/planner.h"
 #include "engine/progress_group.h"
 #include "engine/rail.h"
@@ -34,10 +35,12 @@ constexpr absl::Duration kDefaultTransferDeadline = absl::Seconds(60);
 // FI_EP_RDM with SEND/RECV for control and one-sided WRITEs for data. We accept every
 // mr_mode bit we handle and FI_CONTEXT(2) / FI_RX_CQ_DATA; FI_THREAD_DOMAIN because only the
 // progress thread touches a domain.
-InfoPtr MakeHints(const std::string& prov_filter, bool delivery_complete, bool ordered) {
+InfoPtr MakeHints(const std::string& prov_filter, bool hmem, bool delivery_complete,
+                  bool ordered) {
   InfoPtr hints(fi_allocinfo());
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = FI_MSG | FI_RMA | FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE;
+  if (hmem) hints->caps |= FI_HMEM;
   hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
                                 FI_MR_PROV_KEY | FI_MR_ENDPOINT;
@@ -133,12 +136,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
   ASSIGN_OR_RETURN(std::string prov_filter, ProviderFilter(options.provider));
 
-  // Ask for delivery-complete WRITEs and write-after-write ordering; drop what the provider
-  // lacks (EFA's SRD is unordered; some providers have no FI_DELIVERY_COMPLETE).
+  // Ask for device memory (when there are GPUs), delivery-complete WRITEs and write-after-write
+  // ordering; drop what the provider lacks (EFA's SRD is unordered; some providers have no
+  // FI_DELIVERY_COMPLETE; Debian's libfabric has no CUDA).
   fi_info* list = nullptr;
   int rc = -FI_ENODATA;
-  for (int attempt = 0; attempt < 4 && rc == -FI_ENODATA; ++attempt) {
-    InfoPtr hints = MakeHints(prov_filter, attempt < 2, attempt % 2 == 0);
+  const bool want_hmem = CudaDeviceCount() > 0;
+  for (int attempt = want_hmem ? 0 : 4; attempt < 8 && rc == -FI_ENODATA; ++attempt) {
+    InfoPtr hints = MakeHints(prov_filter, attempt < 4, attempt % 4 < 2, attempt % 2 == 0);
     rc = fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints.get(), &list);
   }
   InfoPtr owned_list(list);
@@ -216,9 +221,15 @@ absl::StatusOr<RegionId> Engine::RegisterMemory(void* addr, size_t length, Devic
   if (reinterpret_cast<uintptr_t>(addr) + length < reinterpret_cast<uintptr_t>(addr)) {
     return absl::InvalidArgumentError("register: range wraps past the end of memory");
   }
-  if (device.kind != Device::Kind::kHost) {
-    return absl::UnimplementedError(
-        absl::StrCat("register: ", device.ToString(), " memory is not supported by this engine"));
+  if (device.kind == Device::Kind::kCuda) {
+    RETURN_IF_ERROR(CheckCudaDevice(device.index));
+    for (const RailInfo& r : rails_) {
+      if (!r.hmem_cuda) {
+        return absl::UnimplementedError(absl::StrCat(
+            "register: provider ", r.provider, " on ", r.domain, " cannot reach ",
+            device.ToString(), " memory (no FI_HMEM with CUDA in this libfabric)"));
+      }
+    }
   }
   RegionId id;
   {
@@ -236,7 +247,7 @@ absl::StatusOr<RegionId> Engine::RegisterMemory(void* addr, size_t length, Devic
   for (; registered < groups_.size() && status.ok(); ++registered) {
     std::vector<RailMr*> mrs;
     status = groups_[registered]->RunAndWait([&](ProgressGroup& g) {
-      return g.RegisterRegion(id, addr, length, &mrs);
+      return g.RegisterRegion(id, addr, length, device, &mrs);
     });
     if (!status.ok()) break;
     for (size_t r = 0; r < rails_.size(); ++r) {

@@ -71,6 +71,10 @@ struct RailInfo {
   // FI_ORDER_RMA_WAW granted: WRITEs up to max_order_waw_size bytes land in posting order.
   bool ordered_writes = false;
   uint64_t max_order_waw_size = 0;
+  // The provider registers CUDA memory (FI_HMEM_CUDA), probed at start-up on GPU 0; else why
+  // not (for example "fi_mr_regattr: Function not implemented").
+  bool hmem_cuda = false;
+  std::string hmem_cuda_error;
 };
 
 // How to reach a peer: its node id and one address per rail (RailInfo::address).

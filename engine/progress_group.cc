@@ -511,11 +511,11 @@ void ProgressGroup::FailPeer(PeerId peer, const absl::Status& status) {
   ScanParts();
 }
 
-absl::Status ProgressGroup::RegisterRegion(RegionId id, void* addr, size_t length,
+absl::Status ProgressGroup::RegisterRegion(RegionId id, void* addr, size_t length, Device device,
                                            std::vector<RailMr*>* out) {
   std::vector<RailMr> mrs;
   for (auto& rs : rails_) {
-    ASSIGN_OR_RETURN(RailMr mr, rs->rail->Register(addr, length, NextMrKey()));
+    ASSIGN_OR_RETURN(RailMr mr, rs->rail->Register(addr, length, NextMrKey(), device));
     mrs.push_back(std::move(mr));
   }
   auto& slot = mrs_[id];

@@ -129,7 +129,7 @@ class ProgressGroup {
 
   // --- Progress thread only. ---
   Rail& rail(size_t i) { return *rails_[i]->rail; }
-  absl::Status RegisterRegion(RegionId id, void* addr, size_t length,
+  absl::Status RegisterRegion(RegionId id, void* addr, size_t length, Device device,
                               std::vector<RailMr*>* out);
   void DeregisterRegion(RegionId id);
   void AddPart(std::unique_ptr<Part> part);

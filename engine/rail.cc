@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cuda.h"
 #include "engine/status.h"
 #include "engine/types.h"
 
@@ -115,10 +116,12 @@ absl::StatusOr<std::unique_ptr<Rail>> Rail::Open(const fi_info& info, size_t tx_
   ri.delivery_complete = (fi->tx_attr->op_flags & FI_DELIVERY_COMPLETE) != 0;
   ri.ordered_writes = (fi->tx_attr->msg_order & FI_ORDER_RMA_WAW) != 0;
   ri.max_order_waw_size = fi->ep_attr->max_order_waw_size;
+  rail->ProbeCuda();
   return rail;
 }
 
-absl::StatusOr<RailMr> Rail::Register(void* addr, size_t length, uint64_t requested_key) {
+absl::StatusOr<RailMr> Rail::Register(void* addr, size_t length, uint64_t requested_key,
+                                      Device device) {
   const int mr_mode = info_->domain_attr->mr_mode;
   iovec iov = {addr, length};
   fi_mr_attr attr = {};
@@ -127,6 +130,10 @@ absl::StatusOr<RailMr> Rail::Register(void* addr, size_t length, uint64_t reques
   attr.access = FI_WRITE | FI_READ | FI_REMOTE_WRITE | FI_REMOTE_READ | FI_SEND | FI_RECV;
   attr.requested_key = requested_key;
   attr.iface = FI_HMEM_SYSTEM;
+  if (device.kind == Device::Kind::kCuda) {
+    attr.iface = FI_HMEM_CUDA;
+    attr.device.cuda = device.index;
+  }
   fid_mr* mr = nullptr;
   int rc = fi_mr_regattr(domain_.get(), &attr, 0, &mr);
   if (rc != 0) {
@@ -144,6 +151,25 @@ absl::StatusOr<RailMr> Rail::Register(void* addr, size_t length, uint64_t reques
   if (out.key == FI_KEY_NOTAVAIL) return absl::UnimplementedError("fi_mr_key: key not available");
   out.desc = fi_mr_desc(mr);
   return out;
+}
+
+void Rail::ProbeCuda() {
+  RailInfo& ri = rail_info_;
+  if (CudaDeviceCount() == 0) {
+    ri.hmem_cuda_error = CudaBuilt() ? "no GPU" : "built without CUDA";
+    return;
+  }
+  constexpr size_t kProbeBytes = 64 << 10;
+  auto buf = CudaAlloc(0, kProbeBytes);
+  if (!buf.ok()) {
+    ri.hmem_cuda_error = std::string(buf.status().message());
+    return;
+  }
+  auto mr = Register(*buf, kProbeBytes, NextMrKey(), Device::Cuda(0));
+  ri.hmem_cuda = mr.ok();
+  if (!mr.ok()) ri.hmem_cuda_error = std::string(mr.status().message());
+  if (mr.ok()) mr->mr.reset();
+  CudaFree(*buf);
 }
 
 }  // namespace ferry::engine

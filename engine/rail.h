@@ -44,7 +44,9 @@ class Rail {
   // Registers [addr, addr + length) for local WRITE sources, SENDs/RECVs and remote WRITEs.
   // Without FI_MR_PROV_KEY the requested key must be unique in the domain (fi_mr(3)): the
   // caller passes a process-wide unique one.
-  absl::StatusOr<RailMr> Register(void* addr, size_t length, uint64_t requested_key);
+  // Device memory goes with FI_HMEM_CUDA, which only a CUDA-enabled libfabric accepts.
+  absl::StatusOr<RailMr> Register(void* addr, size_t length, uint64_t requested_key,
+                                  Device device = Device::Host());
 
   fid_fabric* fabric() const { return fabric_.get(); }
   fid_ep* ep() const { return ep_.get(); }
@@ -57,6 +59,8 @@ class Rail {
 
  private:
   Rail() = default;
+  // Sets rail_info_.hmem_cuda by registering a small GPU buffer (when there is a GPU).
+  void ProbeCuda();
 
   InfoPtr info_;
   FidPtr<fid_fabric> fabric_;

@@ -1,6 +1,7 @@
 #include "engine/types.h"
 
 #include <charconv>
+#include <fstream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -40,13 +41,26 @@ std::string Device::ToString() const {
   return kind == Kind::kHost ? std::string("host") : absl::StrCat("cuda:", index);
 }
 
+std::string HostId() {
+  static const std::string id = [] {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    std::string line;
+    std::getline(in, line);
+    return line;
+  }();
+  return id;
+}
+
 nlohmann::json ToJson(const RegionDescriptor& d) {
-  return {{"node", d.node},
-          {"addr", d.addr},
-          {"length", d.length},
-          {"device", d.device.ToString()},
-          {"offset_addressing", d.offset_addressing},
-          {"keys", d.keys}};
+  nlohmann::json j = {{"node", d.node},
+                      {"addr", d.addr},
+                      {"length", d.length},
+                      {"device", d.device.ToString()},
+                      {"offset_addressing", d.offset_addressing},
+                      {"keys", d.keys}};
+  if (!d.host.empty()) j["host"] = d.host;
+  if (!d.ipc_handle.empty()) j["ipc"] = {{"handle", d.ipc_handle}, {"offset", d.ipc_offset}};
+  return j;
 }
 
 absl::StatusOr<RegionDescriptor> RegionDescriptorFromJson(const nlohmann::json& j) {
@@ -80,7 +94,28 @@ absl::StatusOr<RegionDescriptor> RegionDescriptorFromJson(const nlohmann::json& 
     if (!k.is_number_unsigned()) return absl::InvalidArgumentError("region descriptor: bad key");
     d.keys.push_back(k.get<uint64_t>());
   }
-  if (d.keys.empty()) return absl::InvalidArgumentError("region descriptor: no keys");
+  if (const nlohmann::json* host = field("host")) {
+    if (!host->is_string()) return absl::InvalidArgumentError("region descriptor: bad host");
+    d.host = host->get<std::string>();
+  }
+  if (const nlohmann::json* ipc = field("ipc")) {
+    if (!ipc->is_object() || !ipc->contains("handle") || !(*ipc)["handle"].is_string() ||
+        !ipc->contains("offset") || !(*ipc)["offset"].is_number_unsigned() ||
+        (*ipc)["handle"].get<std::string>().empty()) {
+      return absl::InvalidArgumentError(
+          "region descriptor: ipc wants handle (hex string) and offset (unsigned)");
+    }
+    if (d.device.kind != Device::Kind::kCuda) {
+      return absl::InvalidArgumentError("region descriptor: ipc on host memory");
+    }
+    d.ipc_handle = (*ipc)["handle"].get<std::string>();
+    d.ipc_offset = (*ipc)["offset"].get<uint64_t>();
+  }
+  // GPU memory the provider cannot register has no keys: only the same-host and staged paths
+  // reach it.
+  if (d.keys.empty() && d.device.kind == Device::Kind::kHost) {
+    return absl::InvalidArgumentError("region descriptor: no keys");
+  }
   if (!d.offset_addressing && d.addr + d.length < d.addr) {
     return absl::InvalidArgumentError("region descriptor: addr + length overflows");
   }

@@ -42,7 +42,13 @@ struct RegionDescriptor {
   // True when the owner's provider did not grant FI_MR_VIRT_ADDR: a WRITE's remote address is
   // then an offset into the region rather than `addr + offset` (fi_mr(3)).
   bool offset_addressing = false;
-  std::vector<uint64_t> keys;  // one remote key per rail of the owner
+  std::vector<uint64_t> keys;  // one remote key per rail of the owner; none for GPU memory
+                               // the owner's provider cannot register
+  // GPU memory only. The owner's HostId(), and how a process on that host maps the memory:
+  // the CUDA IPC handle (hex) of the allocation and the region's offset in it.
+  std::string host;
+  std::string ipc_handle;
+  uint64_t ipc_offset = 0;
 
   // The remote address a WRITE at `offset` into this region uses.
   uint64_t RemoteAddress(uint64_t offset) const {
@@ -53,6 +59,9 @@ struct RegionDescriptor {
 
 // 16 random lowercase hex digits: node ids.
 std::string RandomId();
+// This host's identity for the same-host GPU path: the kernel's boot id, which differs
+// between machines and between boots of one (never the host name, which anyone can share).
+std::string HostId();
 
 nlohmann::json ToJson(const RegionDescriptor& d);
 // kInvalidArgument when a field is missing, has the wrong type, or the device is unknown.

@@ -42,7 +42,14 @@ int main(int argc, char** argv) {
   app.add_option("--max-body-mb", max_body_mb, "largest request body, MiB")->capture_default_str();
   app.add_option("--max-extents", options.max_extents, "most extents per request")
       ->capture_default_str();
+  app.add_option("--staging-slots", options.staging_slots,
+                 "slots per staging ring (the staged GPU path)")
+      ->capture_default_str();
+  uint64_t slot_kib = options.staging_slot_bytes >> 10;
+  app.add_option("--staging-slot-kib", slot_kib, "bytes per staging slot, KiB")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  options.staging_slot_bytes = slot_kib << 10;
 
   const size_t colon = listen.rfind(':');
   int port = 0;

@@ -135,7 +135,10 @@ void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res
     if (m == "PUT") {
       auto replace = BoolParam(req, "replace");
       if (!replace.ok()) return WriteError(res, replace.status());
-      return WriteResponse(res, node.PutData(name, req.body, *replace), 201);
+      auto device = engine::Device::Parse(req.has_param("device") ? req.get_param_value("device")
+                                                                  : "host");
+      if (!device.ok()) return WriteError(res, device.status());
+      return WriteResponse(res, node.PutData(name, req.body, *replace, *device), 201);
     }
   } else if (m == "POST") {  // pull
     auto body = ParseBody(req);
@@ -243,8 +246,17 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
     nlohmann::json into = body->value("into", nlohmann::json{{"device", "host"}});
     std::string as = body->contains("as") && (*body)["as"].is_string() ? (*body)["as"].get<std::string>() : "";
     const bool replace = body->value("replace", false);
+    std::optional<PullPath> path;
+    if (body->contains("path")) {
+      if (!(*body)["path"].is_string()) {
+        return WriteError(res, absl::InvalidArgumentError("\"path\" must be a string"));
+      }
+      auto parsed = ParsePath((*body)["path"].get<std::string>());
+      if (!parsed.ok()) return WriteError(res, parsed.status());
+      path = *parsed;
+    }
     WriteResponse(res, node.Pull(from->get<std::string>(), object->get<std::string>(), version,
-                                 into, as, replace));
+                                 into, as, replace, path));
   });
   auto objects = [&node](const httplib::Request& req, httplib::Response& res) {
     ObjectRoute(node, req, res);

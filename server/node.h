@@ -4,6 +4,7 @@
 #define FERRY_SERVER_NODE_H_
 
 #include <cstdint>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
@@ -14,9 +15,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "engine/cuda.h"
 #include "engine/engine.h"
 #include "metadata/catalog.h"
 #include "nlohmann/json.hpp"
+#include "server/paths.h"
 
 namespace ferry::server {
 
@@ -32,6 +35,9 @@ struct NodeOptions {
   absl::Duration pull_timeout = absl::Seconds(60);
   // Bearer token sent with requests this node makes to other nodes. Default: none.
   std::string peer_token;
+  // The staged path's rings: slots per ring and bytes per slot. Default: 8 x 4 MiB.
+  size_t staging_slots = 8;
+  uint64_t staging_slot_bytes = uint64_t{4} << 20;
 };
 
 struct RegionInfo {
@@ -44,6 +50,8 @@ struct RegionInfo {
 struct ObjectView {
   metadata::ObjectRecord record;
   bool detached = false;  // a region of its layout is not registered (since a restart)
+  std::vector<engine::Device> devices;  // where its extents live, each once
+  bool on_rails = true;  // every region of its layout is registered on the rails
 };
 
 struct PullStats {
@@ -58,6 +66,9 @@ struct PullStats {
 
 // [{"region":R,"offset":O,"length":L}, ...] with unsigned fields. kInvalidArgument otherwise.
 absl::StatusOr<std::vector<metadata::ObjectExtent>> ExtentsFromJson(const nlohmann::json& j);
+
+// The unsigned integer field `name` of `j`. kInvalidArgument when missing or not one.
+absl::StatusOr<uint64_t> UnsignedField(const nlohmann::json& j, const char* name);
 
 nlohmann::json ToJson(const RegionInfo& r);
 nlohmann::json ToJson(const ObjectView& o);
@@ -101,9 +112,9 @@ class Node {
   absl::StatusOr<std::vector<ObjectView>> List(const std::string& prefix,
                                                const std::string& after, size_t limit) const;
   absl::Status Delete(const std::string& name);
-  // Copies `bytes` into a new node-owned buffer and publishes it as `name`.
+  // Copies `bytes` into a new node-owned buffer on `device` and publishes it as `name`.
   absl::StatusOr<ObjectView> PutData(const std::string& name, std::string_view bytes,
-                                     bool replace);
+                                     bool replace, engine::Device device = engine::Device::Host());
   // Copies bytes [offset, offset + length) of the object into `out` (appended).
   // kFailedPrecondition (409): detached. kOutOfRange: past the end.
   absl::Status ReadData(const metadata::ObjectRecord& object, uint64_t offset, uint64_t length,
@@ -118,20 +129,56 @@ class Node {
   // Destination side: asks the node at `from` (http://host:port) to pull `name` into this
   // node, either into a new buffer (`into` = {"device": "host"}; the result is then
   // published here as `as`, default `name`) or into its own extents
-  // (`into` = {"extents": [{"region":R,"offset":O,"length":L}, ...]}).
+  // (`into` = {"extents": [{"region":R,"offset":O,"length":L}, ...]}). The path is chosen
+  // (ChoosePath) unless `path` forces one; the source refuses a path that cannot work.
   absl::StatusOr<PullStats> Pull(const std::string& from, const std::string& name,
                                  std::optional<uint64_t> version, const nlohmann::json& into,
-                                 const std::string& as, bool replace);
+                                 const std::string& as, bool replace,
+                                 std::optional<PullPath> path = std::nullopt);
 
  private:
   struct Region {
     RegionInfo info;
     char* addr = nullptr;
-    engine::RegionId engine_id = 0;
+    engine::RegionId engine_id = 0;  // 0: not on the rails (GPU memory the provider lacks)
+    engine::CudaIpcExport ipc;       // GPU memory: how processes on this host map it
     std::unique_ptr<char, void (*)(char*)> owned{nullptr, nullptr};
+  };
+  // Credits of one staged pull this node serves: per destination slot, the last chunk the
+  // destination has copied out of it.
+  struct Credits {
+    absl::Mutex mu;
+    std::vector<int64_t> freed ABSL_GUARDED_BY(mu);
+  };
+  // Destination extents of a pull as the source checked them.
+  struct PullTarget {
+    std::vector<engine::RegionDescriptor> regions;
+    std::vector<engine::Extent> extents;  // region = index into `regions`
   };
   explicit Node(const NodeOptions& options) : options_(options) {}
   bool Attached(const metadata::ObjectRecord& r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  ObjectView View(metadata::ObjectRecord r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  engine::RegionDescriptor DescriptorOf(const Region& r) const;
+  // The object bytes of `extents` (over this node's regions) as local spans. kNotFound: a
+  // region that is not registered.
+  absl::StatusOr<std::vector<Span>> SpansOf(const std::vector<metadata::ObjectExtent>& extents)
+      const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool AllRegistered(const std::vector<metadata::ObjectExtent>& extents) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void OnControl(std::string_view sender, std::string_view payload);
+  absl::StatusOr<PullTarget> ParsePullTarget(const nlohmann::json& req, uint64_t size) const;
+  absl::StatusOr<PullStats> ServeRdma(const metadata::ObjectRecord& object, PullTarget target,
+                                      engine::PeerId peer, absl::Time deadline);
+  absl::StatusOr<PullStats> ServeIpc(const metadata::ObjectRecord& object,
+                                     const PullTarget& target);
+  absl::StatusOr<PullStats> ServeStaged(const metadata::ObjectRecord& object,
+                                        const PullTarget& target, engine::PeerId peer,
+                                        const nlohmann::json& staging, absl::Time deadline);
+  // Destination side of the staged path: copies each chunk out of `ring` into `local` as its
+  // immediate lands, and gives the slot back to the source. Stops early when `*stop` is set.
+  absl::Status ReceiveStaged(const std::vector<metadata::ObjectExtent>& local, uint64_t size,
+                             StagingRing& ring, uint32_t tag, engine::PeerId source,
+                             absl::Time deadline, const std::atomic<bool>* stop);
   absl::StatusOr<RegionInfo> AddRegion(char* addr, uint64_t size, engine::Device device,
                                        std::unique_ptr<char, void (*)(char*)> owned);
   absl::StatusOr<engine::PeerId> PeerFor(const nlohmann::json& request, absl::Time deadline);
@@ -142,6 +189,12 @@ class Node {
   mutable absl::Mutex mu_;
   std::map<uint64_t, Region> regions_ ABSL_GUARDED_BY(mu_);
   int pulls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<StagingPool> staging_;
+  engine::CudaIpcCache ipc_cache_;
+  std::atomic<uint32_t> next_tag_{1};
+  absl::Mutex credits_mu_;
+  // key: source-side "destination node id/tag"
+  std::map<std::string, std::shared_ptr<Credits>> credits_ ABSL_GUARDED_BY(credits_mu_);
 };
 
 }  // namespace ferry::server

@@ -24,6 +24,7 @@
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "tests/bench/node_bench.h"
+#include "tests/bench/gpu_bench.h"
 #include "tests/bench/raw_fabric.h"
 #include "tests/testing/engine_peer.h"
 #include "tests/testing/pattern.h"
@@ -366,7 +367,35 @@ int main(int argc, char** argv) {
   node->add_option("--objects", nf.objects, "objects in the catalog");
   node->add_option("--ferryd", nf.ferryd, "ferryd to start");
   node->add_flag("--json", nf.json, "one JSON object per row");
+#ifdef FERRY_BENCH_GPU
+  ferry::bench::GpuFlags gf;
+  gf.ferryd = FERRYD_PATH;
+  CLI::App* gpu = app.add_subcommand("gpu", "GPU object pulls between two ferryd vs cudaMemcpyPeer");
+  gpu->add_option("--rails", gf.rails, "rails per node (tcp on lo) for the staged path");
+  gpu->add_option("--size", gf.size, "object bytes");
+  gpu->add_option("--pieces", gf.pieces, "piece counts, comma-separated (1: contiguous)")
+      ->delimiter(',');
+  gpu->add_option("--iters", gf.iters, "timed pulls per layout (median)");
+  gpu->add_option("--staged", gf.staged, "also force the staged path (true/false)");
+  gpu->add_option("--ferryd", gf.ferryd, "ferryd to start");
+  gpu->add_flag("--json", gf.json, "one JSON object per row");
+#endif
   CLI11_PARSE(app, argc, argv);
+#ifdef FERRY_BENCH_GPU
+  if (*gpu) {
+    if (gf.iters < 1 || gf.size == 0 || gf.pieces.empty()) {
+      std::cerr << "--iters, --size and --pieces must be positive\n";
+      return 2;
+    }
+    for (uint64_t p : gf.pieces) {
+      if (p == 0 || gf.size % p != 0) {
+        std::cerr << "--pieces: each count must divide --size\n";
+        return 2;
+      }
+    }
+    return ferry::bench::RunGpuBench(gf);
+  }
+#endif
   if (*raw) return ferry::bench::RunRawPeer(raw_provider, raw_domain, raw_size);
   if (*node) {
     if (nf.iters < 1 || nf.latency_iters < 1 || nf.objects == 0 || nf.rails == 0) {

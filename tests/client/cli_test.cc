@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 
+#include "engine/cuda.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/ferryd_process.h"
 #include "tests/testing/subprocess.h"
@@ -57,7 +58,17 @@ TEST(CliTest, PutGetLsStatPullRmWithExitCodes) {
   auto [pull_rc, pull_out] = Ferry({"--node", b.url, "pull", "cli/obj", "--from", a.url});
   EXPECT_EQ(pull_rc, 0);
   EXPECT_THAT(pull_out, ::testing::HasSubstr("pulled cli/obj: 3145728 bytes"));
-  EXPECT_EQ(Ferry({"--node", b.url, "get", "cli/obj", "-o", (dir / "out.bin").string()}).first, 0);
+  auto [staged_rc, staged_out] = Ferry({"--node", b.url, "pull", "cli/obj", "--from", a.url,
+                                        "--as", "cli/staged", "--path", "staged"});
+  EXPECT_EQ(staged_rc, 0);
+  EXPECT_THAT(staged_out, ::testing::HasSubstr("(staged)"));
+  // A GPU that is not here: 3 (not found) with CUDA in the build, 1 (unimplemented) without.
+  EXPECT_EQ(Ferry({"--node", a.url, "put", "cli/gpu", (dir / "in.bin").string(), "--device",
+                   "cuda:99"}).first,
+            engine::CudaBuilt() ? 3 : 1);
+  EXPECT_EQ(Ferry({"--node", b.url, "pull", "cli/obj", "--from", a.url, "--path", "warp"}).first,
+            1);
+  EXPECT_EQ(Ferry({"--node", b.url, "get", "cli/staged", "-o", (dir / "out.bin").string()}).first, 0);
   std::ifstream in(dir / "out.bin", std::ios::binary);
   std::string back((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_TRUE(back == data);

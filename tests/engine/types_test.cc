@@ -35,6 +35,37 @@ TEST(RegionDescriptorTest, RoundTripsThroughJson) {
   EXPECT_EQ(d.RemoteAddress(10), 0x7f000000100au);
 }
 
+TEST(RegionDescriptorTest, GpuMemoryCarriesHostAndIpcHandleAndMayHaveNoKeys) {
+  RegionDescriptor d{"node-b", 0x7f0000002000, 4096, Device::Cuda(0), false, {}};
+  d.host = HostId();
+  d.ipc_handle = "00ff10";
+  d.ipc_offset = 512;
+  const nlohmann::json j = ToJson(d);
+  EXPECT_EQ(j["ipc"]["handle"], "00ff10");
+  EXPECT_EQ(j["ipc"]["offset"], 512);
+  ASSERT_OK_AND_ASSIGN(RegionDescriptor back, RegionDescriptorFromJson(j));
+  EXPECT_EQ(back, d);
+  // The host identity is this machine's boot id: 36 characters, stable within the process.
+  EXPECT_EQ(HostId().size(), 36u);
+  EXPECT_EQ(HostId(), HostId());
+  // Host memory needs keys, and never carries an IPC handle.
+  nlohmann::json host = j;
+  host["device"] = "host";
+  EXPECT_THAT(RegionDescriptorFromJson(host), StatusIs(absl::StatusCode::kInvalidArgument));
+  host["keys"] = nlohmann::json::array({1u});
+  EXPECT_THAT(RegionDescriptorFromJson(host), StatusIs(absl::StatusCode::kInvalidArgument));
+  host.erase("ipc");
+  EXPECT_OK(RegionDescriptorFromJson(host).status());
+  for (nlohmann::json ipc : {nlohmann::json("x"), nlohmann::json{{"handle", "ab"}},
+                             nlohmann::json{{"handle", ""}, {"offset", 0}},
+                             nlohmann::json{{"handle", "ab"}, {"offset", -1}}}) {
+    nlohmann::json bad = j;
+    bad["ipc"] = ipc;
+    EXPECT_THAT(RegionDescriptorFromJson(bad), StatusIs(absl::StatusCode::kInvalidArgument))
+        << ipc;
+  }
+}
+
 TEST(RegionDescriptorTest, RejectsMissingAndMistypedFields) {
   nlohmann::json good = ToJson(RegionDescriptor{"n", 4096, 64, Device::Host(), false, {1}});
   for (const char* field : {"node", "addr", "length", "device", "offset_addressing", "keys"}) {

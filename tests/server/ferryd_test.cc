@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "engine/cuda.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/ferryd_process.h"
 #include "tests/testing/subprocess.h"
@@ -153,8 +154,16 @@ TEST_F(FerrydTest, RegionsAreAllocatedListedAndDeletedAndBadInputIsRefused) {
                     "INVALID_ARGUMENT");
   EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"host","size":)", "application/json"),
                     400, "INVALID_ARGUMENT");
-  EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"cuda:0","size":10})", "application/json"),
-                    501, "UNIMPLEMENTED");
+  // A GPU that is not there: 404 with CUDA in the build, 501 without.
+  if (engine::CudaBuilt()) {
+    EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"cuda:99","size":10})",
+                             "application/json"),
+                      404, "NOT_FOUND");
+  } else {
+    EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"cuda:0","size":10})",
+                             "application/json"),
+                      501, "UNIMPLEMENTED");
+  }
   EXPECT_HTTP_ERROR(c.Delete("/v1/regions/999"), 404, "NOT_FOUND");
   // In use by an object: 409, and it stays.
   auto pub = c.Put("/v1/objects/uses", json{{"extents", {{{"region", id}, {"offset", 0}, {"length", 10}}}}}.dump(),
@@ -310,6 +319,62 @@ TEST_F(FerrydTest, NonContiguousObjectIsPulledOverRdmaAndReadBackExactly) {
   ASSERT_EQ(into->status, 200) << into->body;
   ASSERT_EQ(cb.Put("/v1/objects/check", json{{"extents", mine}}.dump(), "application/json")->status, 201);
   EXPECT_TRUE(cb.Get("/v1/objects/check/data")->body == expect);
+}
+
+// The staged path (the one GPU memory takes between hosts without FI_HMEM) forced with host
+// memory: chunks go through pinned-or-host rings of 4 slots x 64 KiB at both ends, so a 1 MiB
+// object wraps each ring four times and every slot is given back by credit messages.
+TEST_F(FerrydTest, StagedPathMovesNonContiguousObjectsThroughSmallRings) {
+  const std::vector<std::string> rings = {"--staging-slots", "4", "--staging-slot-kib", "64"};
+  a_ = std::make_unique<Ferryd>(TempDir("a"), rings);
+  ASSERT_NO_FATAL_FAILURE(a_->Start());
+  b_ = std::make_unique<Ferryd>(TempDir("b"), rings);
+  ASSERT_NO_FATAL_FAILURE(b_->Start());
+  auto ca = a_->Client();
+  auto cb = b_->Client();
+  const std::string base = RandomBytes(2 << 20, 11);
+  const uint64_t region = Upload(*a_, "base", base);
+  std::mt19937_64 rng(12);
+  json extents = json::array();
+  std::string expect;
+  while (expect.size() < (1 << 20)) {
+    uint64_t len = 1 + rng() % 20000, off = rng() % (base.size() - len);
+    extents.push_back({{"region", region}, {"offset", off}, {"length", len}});
+    expect += base.substr(off, len);
+  }
+  ASSERT_EQ(ca.Put("/v1/objects/staged", json{{"extents", extents}}.dump(), "application/json")->status, 201);
+  auto pull = [&](json into) {
+    return cb.Post("/v1/pulls",
+                   json{{"from", a_->url()}, {"object", "staged"}, {"into", into},
+                        {"path", "staged"}, {"replace", true}}.dump(),
+                   "application/json");
+  };
+  for (int round = 0; round < 3; ++round) {  // rings come back to the pools and are reused
+    auto r = pull({{"device", "host"}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    auto stats = json::parse(r->body);
+    EXPECT_EQ(stats["path"], "staged");
+    EXPECT_EQ(stats["bytes"], expect.size());
+    EXPECT_TRUE(cb.Get("/v1/objects/staged/data")->body == expect) << "round " << round;
+  }
+  // Into B's own scattered extents.
+  auto reg = json::parse(cb.Post("/v1/regions", json{{"size", 2 * expect.size()}}.dump(), "application/json")->body);
+  json mine = json::array();
+  for (uint64_t pos = 0; pos < expect.size(); pos += 777) {
+    mine.push_back({{"region", reg["id"]}, {"offset", 2 * pos},
+                    {"length", std::min<uint64_t>(777, expect.size() - pos)}});
+  }
+  auto into = pull({{"extents", mine}});
+  ASSERT_EQ(into->status, 200) << into->body;
+  ASSERT_EQ(cb.Put("/v1/objects/check", json{{"extents", mine}}.dump(), "application/json")->status, 201);
+  EXPECT_TRUE(cb.Get("/v1/objects/check/data")->body == expect);
+  // Paths that cannot work are refused by the source, and nothing is published.
+  EXPECT_HTTP_ERROR(cb.Post("/v1/pulls", json{{"from", a_->url()}, {"object", "staged"}, {"as", "ipc"}, {"path", "cuda_ipc"}}.dump(), "application/json"),
+                    400, "INVALID_ARGUMENT");
+  EXPECT_EQ(cb.Get("/v1/objects/ipc")->status, 404);
+  EXPECT_HTTP_ERROR(cb.Post("/v1/pulls", json{{"from", a_->url()}, {"object", "staged"}, {"path", "teleport"}}.dump(), "application/json"),
+                    400, "INVALID_ARGUMENT");
 }
 
 TEST_F(FerrydTest, BadPullsGetTheirCodeAndTheNodesKeepServing) {

@@ -52,8 +52,10 @@ class Client {
   // Errors carry the node's code (kNotFound, kAlreadyExists, ...); no answer at all is
   // kUnavailable, or kDeadlineExceeded on a timeout.
   absl::Status Health();
+  // Uploads into a new buffer on `device` ("host" or "cuda:N").
   absl::StatusOr<ObjectInfo> Put(const std::string& name, std::string_view data,
-                                 bool replace = false, const Progress& progress = nullptr);
+                                 bool replace = false, const Progress& progress = nullptr,
+                                 const std::string& device = "host");
   absl::Status Get(const std::string& name, std::ostream& out,
                    std::optional<uint64_t> version = std::nullopt,
                    const Progress& progress = nullptr);
@@ -65,10 +67,13 @@ class Client {
   // Publishes a layout over the node's regions (region ids as the node gave them).
   absl::StatusOr<ObjectInfo> Publish(const std::string& name, const std::vector<Extent>& layout,
                                      bool replace = false);
-  // Asks this client's node to pull `name` from the node at `from` into a new buffer and to
-  // publish it as `as` (default: the same name).
+  // Asks this client's node to pull `name` from the node at `from` into a new buffer on
+  // `device` and to publish it as `as` (default: the same name). `path`: auto, rdma,
+  // cuda_ipc or staged.
   absl::StatusOr<PullResult> Pull(const std::string& name, const std::string& from,
-                                  const std::string& as = "", bool replace = false);
+                                  const std::string& as = "", bool replace = false,
+                                  const std::string& device = "host",
+                                  const std::string& path = "auto");
 
  private:
   struct Impl;

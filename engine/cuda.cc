@@ -1,0 +1,226 @@
+// engine/cuda.h with the CUDA runtime (builds that found the toolkit).
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <string_view>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/cuda.h"
+#include "engine/cuda_copy.h"
+#include "engine/fabric.h"
+#include "engine/status.h"
+
+namespace ferry::engine {
+namespace {
+
+absl::Status CudaError(cudaError_t e, std::string_view what) {
+  cudaGetLastError();  // clears a sticky-free error so that the next call starts clean
+  const std::string message =
+      absl::StrCat(std::string(what), ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+  switch (e) {
+    case cudaErrorMemoryAllocation:
+      return absl::ResourceExhaustedError(message);
+    case cudaErrorInvalidDevice:
+    case cudaErrorNoDevice:
+      return absl::NotFoundError(message);
+    case cudaErrorInvalidValue:
+      return absl::InvalidArgumentError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+#define FERRY_CUDA_RETURN_IF_ERROR(call, what)        \
+  do {                                                \
+    if (cudaError_t e_ = (call); e_ != cudaSuccess) { \
+      return CudaError(e_, what);                     \
+    }                                                 \
+  } while (false)
+
+int SmCount(int device) {
+  static absl::Mutex mu;
+  static auto* counts = new absl::flat_hash_map<int, int>();
+  absl::MutexLock lock(&mu);
+  auto [it, added] = counts->try_emplace(device, 0);
+  if (added) cudaDeviceGetAttribute(&it->second, cudaDevAttrMultiProcessorCount, device);
+  return it->second;
+}
+
+using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+GetAddressRange AddressRangeFn() {
+  static GetAddressRange fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return GetAddressRange{nullptr};
+    }
+    return reinterpret_cast<GetAddressRange>(p);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+bool CudaBuilt() { return true; }
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+absl::Status CheckCudaDevice(int index) {
+  const int n = CudaDeviceCount();
+  if (index < 0 || index >= n) {
+    return absl::NotFoundError(absl::StrCat("no GPU cuda:", index, ": this host has ", n,
+                                            n == 1 ? " GPU" : " GPUs"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> CudaAlloc(int device, size_t bytes) {
+  RETURN_IF_ERROR(CheckCudaDevice(device));
+  FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "cudaSetDevice");
+  void* p = nullptr;
+  FERRY_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes), absl::StrCat("cudaMalloc(", bytes, ")"));
+  cudaError_t e = cudaMemset(p, 0, bytes);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) {
+    cudaFree(p);
+    return CudaError(e, "cudaMemset");
+  }
+  return p;
+}
+
+void CudaFree(void* p) {
+  if (p != nullptr) cudaFree(p);
+}
+
+absl::StatusOr<void*> CudaHostAlloc(size_t bytes) {
+  if (CudaDeviceCount() == 0) return absl::NotFoundError("pinned memory needs a GPU; none here");
+  void* p = nullptr;
+  FERRY_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocPortable | cudaHostAllocMapped),
+                             absl::StrCat("cudaHostAlloc(", bytes, ")"));
+  std::memset(p, 0, bytes);
+  return p;
+}
+
+void CudaHostFree(void* p) {
+  if (p != nullptr) cudaFreeHost(p);
+}
+
+absl::Status CudaCopy(void* dst, const void* src, size_t bytes) {
+  FERRY_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CudaIpcExport> CudaExportIpc(const void* ptr) {
+  GetAddressRange range = AddressRangeFn();
+  if (range == nullptr) return absl::UnimplementedError("cuMemGetAddressRange is not available");
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) {
+    return absl::InvalidArgumentError("not a CUDA device allocation");
+  }
+  cudaIpcMemHandle_t h;
+  FERRY_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)),
+                             "cudaIpcGetMemHandle");
+  return CudaIpcExport{HexEncode(std::string_view(h.reserved, sizeof(h.reserved))),
+                       reinterpret_cast<uint64_t>(ptr) - base};
+}
+
+struct CudaIpcCache::Impl {
+  struct Entry {
+    CudaMapping mapping;
+    std::list<std::string>::iterator lru;
+  };
+  size_t capacity;
+  absl::Mutex mu;
+  absl::flat_hash_map<std::string, Entry> open ABSL_GUARDED_BY(mu);
+  std::list<std::string> lru ABSL_GUARDED_BY(mu);  // most recent first
+};
+
+CudaIpcCache::CudaIpcCache(size_t capacity) : impl_(new Impl) {
+  impl_->capacity = capacity == 0 ? 1 : capacity;
+}
+
+CudaIpcCache::~CudaIpcCache() = default;
+
+absl::StatusOr<CudaMapping> CudaIpcCache::Open(const std::string& handle, int device) {
+  auto raw = HexDecode(handle);
+  if (!raw.ok() || raw->size() != sizeof(cudaIpcMemHandle_t)) {
+    return absl::InvalidArgumentError("not a CUDA IPC handle");
+  }
+  const std::string key = absl::StrCat(device, ":", handle);
+  absl::MutexLock lock(&impl_->mu);
+  if (auto it = impl_->open.find(key); it != impl_->open.end()) {
+    impl_->lru.splice(impl_->lru.begin(), impl_->lru, it->second.lru);
+    return it->second.mapping;
+  }
+  while (impl_->open.size() >= impl_->capacity) {
+    impl_->open.erase(impl_->lru.back());  // closes once its last user lets go
+    impl_->lru.pop_back();
+  }
+  RETURN_IF_ERROR(CheckCudaDevice(device));
+  FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "cudaSetDevice");
+  cudaIpcMemHandle_t h;
+  std::memcpy(h.reserved, raw->data(), sizeof(h.reserved));
+  void* p = nullptr;
+  if (cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+      e != cudaSuccess) {
+    return absl::UnavailableError(CudaError(e, "cudaIpcOpenMemHandle").message());
+  }
+  CudaMapping m;
+  m.base.reset(static_cast<char*>(p), [](char* b) { cudaIpcCloseMemHandle(b); });
+  GetAddressRange range = AddressRangeFn();
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  if (range == nullptr || range(&start, &size, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) {
+    return absl::UnavailableError("cuMemGetAddressRange failed on a mapped IPC handle");
+  }
+  m.size = size;
+  impl_->lru.push_front(key);
+  impl_->open[key] = {m, impl_->lru.begin()};
+  return m;
+}
+
+absl::Status CudaCopyPieces(int device, const std::vector<CopyPiece>& pieces) {
+  std::vector<CopyChunk> chunks;
+  chunks.reserve(pieces.size());
+  for (const CopyPiece& p : pieces) {
+    for (uint64_t done = 0; done < p.length; done += kCopyChunkBytes) {
+      chunks.push_back({p.dst + done, p.src + done, std::min(kCopyChunkBytes, p.length - done)});
+    }
+  }
+  if (chunks.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckCudaDevice(device));
+  FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "cudaSetDevice");
+  cudaStream_t stream = cudaStreamPerThread;
+  const size_t bytes = chunks.size() * sizeof(CopyChunk);
+  void* list = nullptr;
+  FERRY_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&list, bytes, stream), "cudaMallocAsync");
+  cudaError_t e = cudaMemcpyAsync(list, chunks.data(), bytes, cudaMemcpyHostToDevice, stream);
+  if (e == cudaSuccess) {
+    e = LaunchCopyChunks(static_cast<const CopyChunk*>(list), chunks.size(), SmCount(device),
+                         stream);
+  }
+  cudaFreeAsync(list, stream);
+  const cudaError_t done = cudaStreamSynchronize(stream);
+  if (e == cudaSuccess) e = done;
+  if (e != cudaSuccess) return CudaError(e, "copy kernel");
+  return absl::OkStatus();
+}
+
+}  // namespace ferry::engine

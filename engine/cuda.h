@@ -1,0 +1,81 @@
+// CUDA support: GPU buffers, pinned host buffers, copies, IPC handles and a batched copy
+// kernel. Present when the build found the CUDA toolkit (CudaBuilt()); without it every call
+// answers kUnimplemented and the rest of ferry works on host memory. CUDA errors come back as
+// statuses that carry the error's name (cudaErrorInvalidValue, ...). Thread-safe.
+#ifndef FERRY_ENGINE_CUDA_H_
+#define FERRY_ENGINE_CUDA_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ferry::engine {
+
+// True when this build has CUDA.
+bool CudaBuilt();
+// GPUs this process can use; 0 without a driver or a device (never an error).
+int CudaDeviceCount();
+// kOk when cuda:`index` exists. kUnimplemented: built without CUDA. kNotFound otherwise,
+// naming how many GPUs there are.
+absl::Status CheckCudaDevice(int index);
+
+// Device memory on GPU `device`, zeroed.
+absl::StatusOr<void*> CudaAlloc(int device, size_t bytes);
+void CudaFree(void* p);
+// Pinned host memory that GPUs can read and write directly (mapped, portable).
+absl::StatusOr<void*> CudaHostAlloc(size_t bytes);
+void CudaHostFree(void* p);
+// A synchronous copy between any two of host, pinned and device memory (unified addressing).
+absl::Status CudaCopy(void* dst, const void* src, size_t bytes);
+
+// How another process on this host opens a GPU buffer: the IPC handle of the allocation that
+// holds it (hex) and the buffer's offset in that allocation.
+struct CudaIpcExport {
+  std::string handle;
+  uint64_t offset = 0;
+};
+absl::StatusOr<CudaIpcExport> CudaExportIpc(const void* ptr);
+
+// Another process's GPU allocation mapped into this one: valid while `base` is held.
+struct CudaMapping {
+  std::shared_ptr<char> base;
+  uint64_t size = 0;  // bytes of the allocation
+};
+
+// Opened IPC handles of other processes, kept open for reuse (opening one costs far more than
+// a copy of a few MiB). Over `capacity` the least recently used is dropped; a mapping closes
+// when the cache and every caller holding it have let it go. An open mapping keeps the
+// owner's memory alive after the owner frees it, so the capacity bounds what can linger.
+class CudaIpcCache {
+ public:
+  explicit CudaIpcCache(size_t capacity = 64);
+  ~CudaIpcCache();
+  CudaIpcCache(const CudaIpcCache&) = delete;
+  CudaIpcCache& operator=(const CudaIpcCache&) = delete;
+  // The allocation behind `handle` (hex), mapped for GPU `device`. kInvalidArgument: not a
+  // handle. kUnavailable: CUDA refused it (another host, or a buffer that is gone).
+  absl::StatusOr<CudaMapping> Open(const std::string& handle, int device);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// One piece of a batched copy: `length` bytes from `src` to `dst`, each device or mapped
+// pinned memory as GPU `device` sees it.
+struct CopyPiece {
+  uint64_t dst = 0;
+  uint64_t src = 0;
+  uint64_t length = 0;
+};
+// Copies every piece with one kernel on GPU `device` and waits for it. Pieces must not
+// overlap each other's destinations.
+absl::Status CudaCopyPieces(int device, const std::vector<CopyPiece>& pieces);
+
+}  // namespace ferry::engine
+
+#endif  // FERRY_ENGINE_CUDA_H_

@@ -1,0 +1,34 @@
+// engine/cuda.h for builds without CUDA: host memory only.
+#include "engine/cuda.h"
+
+namespace ferry::engine {
+namespace {
+
+absl::Status NoCuda() {
+  return absl::UnimplementedError("this ferry was built without CUDA: GPU memory is not supported");
+}
+
+}  // namespace
+
+bool CudaBuilt() { return false; }
+int CudaDeviceCount() { return 0; }
+absl::Status CheckCudaDevice(int) { return NoCuda(); }
+absl::StatusOr<void*> CudaAlloc(int, size_t) { return NoCuda(); }
+void CudaFree(void*) {}
+absl::StatusOr<void*> CudaHostAlloc(size_t) { return NoCuda(); }
+void CudaHostFree(void*) {}
+absl::Status CudaCopy(void*, const void*, size_t) { return NoCuda(); }
+absl::StatusOr<CudaIpcExport> CudaExportIpc(const void*) { return NoCuda(); }
+
+struct CudaIpcCache::Impl {};
+CudaIpcCache::CudaIpcCache(size_t) {}
+CudaIpcCache::~CudaIpcCache() = default;
+absl::StatusOr<CudaMapping> CudaIpcCache::Open(const std::string&, int) {
+  return NoCuda();
+}
+
+absl::Status CudaCopyPieces(int, const std::vector<CopyPiece>& pieces) {
+  return pieces.empty() ? absl::OkStatus() : NoCuda();
+}
+
+}  // namespace ferry::engine

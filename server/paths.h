@@ -1,0 +1,110 @@
+// How a pull moves its bytes (DESIGN.md, "GPU memory takes the best path"), and the pieces
+// the GPU paths are built from: choosing the path, slicing extent lists into copy pieces,
+// copying pieces on the CPU or the GPU, and pinned staging rings.
+#ifndef FERRY_SERVER_PATHS_H_
+#define FERRY_SERVER_PATHS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/cuda.h"
+#include "engine/engine.h"
+
+namespace ferry::server {
+
+enum class PullPath {
+  kRdma,     // WRITEs straight between the two nodes' regions (host memory, or FI_HMEM GPUs)
+  kCudaIpc,  // same host: the source maps the destination's GPU buffers and copies with a kernel
+  kStaged,   // through pinned host rings at both ends, WRITE with immediate data per slot
+};
+std::string_view PathName(PullPath path);
+// A path's name, or "auto" (nullopt: let ChoosePath decide). kInvalidArgument otherwise.
+absl::StatusOr<std::optional<PullPath>> ParsePath(std::string_view name);
+
+// What the destination knows when it chooses.
+struct PathFacts {
+  bool same_host = false;        // the source's HostId() equals this host's
+  bool cuda_here = false;        // this node can run CUDA (built with it, a GPU present)
+  bool src_all_gpu = false;      // every source extent is in GPU memory
+  bool src_on_rails = true;      // every source region is registered on the rails
+  bool dst_all_ipc = false;      // every destination region is GPU memory with an IPC handle
+  bool dst_on_rails = true;      // every destination region has rail keys
+};
+// Same host and GPU on both sides: kCudaIpc. Both sides on the rails: kRdma. Else kStaged.
+PullPath ChoosePath(const PathFacts& facts);
+
+// A run of an object's bytes in local memory, in object order.
+struct Span {
+  char* ptr = nullptr;
+  uint64_t length = 0;
+  engine::Device device;
+};
+// The spans that hold object bytes [offset, offset + length), cut to fit.
+std::vector<Span> Slice(const std::vector<Span>& spans, uint64_t offset, uint64_t length);
+
+// A copy from one span into another; `device` is the GPU that runs it (kernel), or host.
+struct Piece {
+  engine::Device device;
+  engine::CopyPiece copy;
+};
+// Pairs two span lists of the same total length into pieces (source spans choose the device,
+// or the destination's when the source is host memory).
+std::vector<Piece> PairSpans(const std::vector<Span>& dst, const std::vector<Span>& src);
+// memcpy, or cudaMemcpy when either side is on a GPU (`device`).
+absl::Status CopyBytes(void* dst, const void* src, uint64_t n, engine::Device device);
+// Host pieces with memcpy, GPU pieces with one kernel per GPU.
+absl::Status RunPieces(const std::vector<Piece>& pieces);
+
+// A registered host buffer of `slots` slots of `slot_bytes`, pinned when CUDA can pin it
+// (GPUs then read and write it directly), registered on every rail.
+class StagingRing {
+ public:
+  static absl::StatusOr<std::unique_ptr<StagingRing>> Create(engine::Engine& engine,
+                                                             size_t slots, uint64_t slot_bytes);
+  ~StagingRing();
+  char* slot(size_t i) const { return mem_ + i * slot_bytes_; }
+  size_t slots() const { return slots_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  engine::RegionId region() const { return region_; }
+  // After a failed pull WRITEs may still be on their way: the pool then frees the ring (its
+  // MR goes first, so late WRITEs are refused) instead of handing it out again.
+  void Poison() { poisoned_ = true; }
+  bool poisoned() const { return poisoned_; }
+
+ private:
+  StagingRing() = default;
+  bool poisoned_ = false;
+  engine::Engine* engine_ = nullptr;
+  char* mem_ = nullptr;
+  bool pinned_ = false;
+  size_t slots_ = 0;
+  uint64_t slot_bytes_ = 0;
+  engine::RegionId region_ = 0;
+};
+
+// Rings for concurrent staged pulls, kept for reuse (allocating and registering pinned memory
+// costs milliseconds). Thread-safe.
+class StagingPool {
+ public:
+  StagingPool(engine::Engine& engine, size_t slots, uint64_t slot_bytes)
+      : engine_(engine), slots_(slots), slot_bytes_(slot_bytes) {}
+  // A ring that goes back to the pool when the pointer goes.
+  absl::StatusOr<std::shared_ptr<StagingRing>> Acquire();
+
+ private:
+  engine::Engine& engine_;
+  const size_t slots_;
+  const uint64_t slot_bytes_;
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<StagingRing>> free_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ferry::server
+
+#endif  // FERRY_SERVER_PATHS_H_

@@ -1,0 +1,220 @@
+// ferry-bench gpu: pulls of a GPU object between two ferryd processes (GPU A -> GPU B) with
+// the same-host path and the forced staged path, next to cudaMemcpyPeer and the device-to-host
+// copy rate measured in the same run.
+#include "tests/bench/gpu_bench.h"
+
+#include <cuda_runtime_api.h>
+#include <httplib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <numeric>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "engine/cuda.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/ferryd_process.h"
+
+namespace ferry::bench {
+namespace {
+
+using json = nlohmann::json;
+
+struct Daemon : testing::FerrydProcess {
+  ~Daemon() {
+    if (proc) Stop();
+  }
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Seconds of `iters` runs of `fn` after one untimed run, median.
+template <typename Fn>
+double TimeIt(int iters, Fn fn) {
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    const absl::Time start = absl::Now();
+    fn();
+    t.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  return Median(t);
+}
+
+bool CudaOk(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  std::cerr << what << ": " << cudaGetErrorName(e) << "\n";
+  return false;
+}
+
+// cudaMemcpyPeer of `size` bytes from GPU `src` to GPU `dst` (or within one GPU), and the
+// device-to-pinned-host copy rate of GPU `src`: seconds, median.
+struct Baselines {
+  double peer = 0, d2h = 0;
+};
+std::optional<Baselines> MeasureBaselines(int src, int dst, uint64_t size, int iters) {
+  void *a = nullptr, *b = nullptr, *h = nullptr;
+  if (!CudaOk(cudaSetDevice(dst), "cudaSetDevice") || !CudaOk(cudaMalloc(&b, size), "cudaMalloc") ||
+      !CudaOk(cudaSetDevice(src), "cudaSetDevice") || !CudaOk(cudaMalloc(&a, size), "cudaMalloc") ||
+      !CudaOk(cudaMallocHost(&h, size), "cudaMallocHost")) {
+    return std::nullopt;
+  }
+  if (src != dst) cudaDeviceEnablePeerAccess(dst, 0);
+  cudaGetLastError();
+  Baselines out;
+  out.peer = TimeIt(iters, [&] {
+    cudaMemcpyPeer(b, dst, a, src, size);
+    cudaDeviceSynchronize();
+  });
+  out.d2h = TimeIt(iters, [&] { cudaMemcpy(h, a, size, cudaMemcpyDeviceToHost); });
+  cudaFree(a);
+  cudaFreeHost(h);
+  cudaSetDevice(dst);
+  cudaFree(b);
+  return out;
+}
+
+uint64_t NewRegion(httplib::Client& c, const std::string& device, uint64_t size) {
+  auto r = c.Post("/v1/regions", json{{"device", device}, {"size", size}}.dump(),
+                  "application/json");
+  if (!r || r->status != 201) {
+    std::cerr << "region on " << device << ": " << (r ? r->body : "no answer") << "\n";
+    return 0;
+  }
+  return json::parse(r->body)["id"].get<uint64_t>();
+}
+
+// `count` pieces of size/count bytes at shuffled positions of a region of `size` bytes.
+json Scattered(uint64_t region, uint64_t size, uint64_t count, uint64_t seed) {
+  std::vector<uint64_t> order(count);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(seed));
+  const uint64_t piece = size / count;
+  json extents = json::array();
+  for (uint64_t i : order) {
+    extents.push_back({{"region", region}, {"offset", i * piece}, {"length", piece}});
+  }
+  return extents;
+}
+
+}  // namespace
+
+int RunGpuBench(const GpuFlags& f) {
+  const int gpus = engine::CudaDeviceCount();
+  if (gpus == 0) {
+    std::cerr << "no GPU here\n";
+    return 1;
+  }
+  const int src = 0, dst = gpus > 1 ? 1 : 0;
+  const std::string src_dev = absl::StrCat("cuda:", src), dst_dev = absl::StrCat("cuda:", dst);
+  auto base = MeasureBaselines(src, dst, f.size, f.iters);
+  if (!base) return 1;
+
+  const auto dir = std::filesystem::temp_directory_path() / ("ferry-bench-gpu-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  Daemon a, b;
+  for (auto [d, name] : {std::pair<Daemon*, const char*>{&a, "a"}, {&b, "b"}}) {
+    auto p = testing::StartFerryd(f.ferryd, {"--data-dir", (dir / name).string(), "--domain", "lo",
+                                             "--rails", std::to_string(f.rails)});
+    if (!p.ok()) {
+      std::cerr << p.status() << "\n";
+      return 1;
+    }
+    static_cast<testing::FerrydProcess&>(*d) = std::move(*p);
+  }
+  httplib::Client ca(a.url), cb(b.url);
+  ca.set_read_timeout(600);
+  cb.set_read_timeout(600);
+  const double gb = static_cast<double>(f.size) / 1e9;
+  auto row = [&](const json& j, const std::string& text) {
+    if (f.json) {
+      std::cout << j.dump() << std::endl;
+    } else {
+      std::printf("%s\n", text.c_str());
+      std::fflush(stdout);
+    }
+  };
+  row({{"bench", "gpu_baseline"}, {"what", "cudaMemcpyPeer"}, {"src", src_dev}, {"dst", dst_dev},
+       {"bytes", f.size}, {"gb_per_sec", gb / base->peer}},
+      absl::StrCat("cudaMemcpyPeer ", src_dev, " -> ", dst_dev, ": ", gb / base->peer, " GB/s"));
+  row({{"bench", "gpu_baseline"}, {"what", "d2h_pinned"}, {"src", src_dev}, {"bytes", f.size},
+       {"gb_per_sec", gb / base->d2h}},
+      absl::StrCat("cudaMemcpy ", src_dev, " -> pinned host: ", gb / base->d2h, " GB/s"));
+
+  const uint64_t src_region = NewRegion(ca, src_dev, f.size);
+  const uint64_t dst_region = NewRegion(cb, dst_dev, f.size);
+  if (src_region == 0 || dst_region == 0) return 1;
+  struct Layout {
+    std::string name;
+    uint64_t pieces;
+    std::string path;
+  };
+  std::vector<Layout> layouts;
+  for (const char* path : {"auto", "staged"}) {
+    if (std::string(path) == "staged" && !f.staged) continue;
+    for (uint64_t pieces : f.pieces) {
+      layouts.push_back({pieces == 1 ? "contiguous" : "scattered", pieces, path});
+    }
+  }
+  for (const Layout& l : layouts) {
+    const std::string name = absl::StrCat("gpu-", l.pieces);
+    auto put = ca.Put(("/v1/objects/" + name + "?replace=true").c_str(),
+                      json{{"extents", Scattered(src_region, f.size, l.pieces, 1)}}.dump(),
+                      "application/json");
+    if (!put || put->status != 201) {
+      std::cerr << "publish: " << (put ? put->body : "no answer") << "\n";
+      return 1;
+    }
+    const std::string body = json{{"from", a.url},
+                                  {"object", name},
+                                  {"path", l.path},
+                                  {"into", {{"extents", Scattered(dst_region, f.size, l.pieces, 2)}}}}
+                                 .dump();
+    std::vector<double> wall, copy;
+    std::string path;
+    const int iters = l.path == "staged" ? std::max(1, f.iters / 2) : f.iters;
+    for (int i = 0; i <= iters; ++i) {
+      const absl::Time start = absl::Now();
+      auto r = cb.Post("/v1/pulls", body, "application/json");
+      const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      if (!r || r->status != 200) {
+        std::cerr << "pull: " << (r ? r->body : "no answer") << "\n";
+        return 1;
+      }
+      auto stats = json::parse(r->body);
+      path = stats["path"];
+      if (i == 0) continue;  // the first pull opens the IPC mapping / warms the rails
+      wall.push_back(seconds);
+      copy.push_back(stats["seconds"].get<double>());
+    }
+    const double w = gb / Median(wall), c = gb / Median(copy);
+    const double vs_peer = base->peer / Median(wall);
+    row({{"bench", "gpu_pull"},
+         {"layout", l.name},
+         {"pieces", l.pieces},
+         {"piece_bytes", f.size / l.pieces},
+         {"path", path},
+         {"src", src_dev},
+         {"dst", dst_dev},
+         {"bytes", f.size},
+         {"iters", iters},
+         {"gb_per_sec", w},
+         {"copy_gb_per_sec", c},
+         {"vs_memcpy_peer", vs_peer},
+         {"vs_d2h", base->d2h / Median(wall)}},
+        absl::StrCat(l.name, " ", l.pieces, " x ", f.size / l.pieces, " B via ", path, ": ", w,
+                     " GB/s end to end (", c, " GB/s copy), ", vs_peer,
+                     "x cudaMemcpyPeer"));
+  }
+  std::filesystem::remove_all(dir);
+  return 0;
+}
+
+}  // namespace ferry::bench

@@ -1,0 +1,152 @@
+// GPU objects end to end through two ferryd processes: every path, every byte verified.
+// Needs a GPU (tests/gpu/run.sh runs it on the H200 machines); skips without one. With one
+// GPU both nodes use GPU 0.
+#include <gmock/gmock.h>
+#include <httplib.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
+#include "engine/cuda.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/ferryd_process.h"
+
+namespace ferry {
+namespace {
+
+using json = nlohmann::json;
+constexpr char kOctet[] = "application/octet-stream";
+constexpr char kJson[] = "application/json";
+
+std::string Ferryd() {
+  const char* env = std::getenv("FERRYD");
+  return env != nullptr ? env : FERRYD_PATH;
+}
+
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const int gpus = engine::CudaDeviceCount();
+    if (gpus == 0) GTEST_SKIP() << "no GPU here";
+    src_ = "cuda:0";
+    dst_ = gpus > 1 ? "cuda:1" : "cuda:0";
+    dir_ = std::filesystem::temp_directory_path() / ("ferry-gpu-test-" + std::to_string(getpid()));
+    std::filesystem::remove_all(dir_);
+    for (auto [node, name] : {std::pair<testing::FerrydProcess*, const char*>{&a_, "a"}, {&b_, "b"}}) {
+      // Small rings (4 x 256 KiB) so that the staged path wraps them many times.
+      auto p = testing::StartFerryd(Ferryd(), {"--data-dir", (dir_ / name).string(), "--domain",
+                                               "lo", "--rails", "2", "--staging-slots", "4",
+                                               "--staging-slot-kib", "256"});
+      ASSERT_TRUE(p.ok()) << p.status();
+      *node = std::move(*p);
+    }
+  }
+  void TearDown() override {
+    if (a_.proc) a_.Stop();
+    if (b_.proc) b_.Stop();
+    std::filesystem::remove_all(dir_);
+  }
+  httplib::Client Client(const testing::FerrydProcess& n) {
+    httplib::Client c(n.url);
+    c.set_read_timeout(300);
+    return c;
+  }
+  // Uploads random bytes to `device` on `node` and publishes `name` as random pieces (1 B to
+  // 64 KiB, shuffled, unaligned) of them; returns the object's bytes in order.
+  std::string MakeObject(const testing::FerrydProcess& node, const std::string& device,
+                         const std::string& name, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::string base(6 << 20, '\0');
+    for (char& c : base) c = static_cast<char>(rng());
+    auto c = Client(node);
+    auto up = c.Put(("/v1/objects/" + name + "-base/data?device=" + device).c_str(), base, kOctet);
+    EXPECT_TRUE(up && up->status == 201) << (up ? up->body : "no answer");
+    if (!up || up->status != 201) return "";
+    const uint64_t region = json::parse(up->body)["extents"][0]["region"];
+    json extents = json::array();
+    std::string expect;
+    while (expect.size() < (3 << 20)) {
+      const uint64_t len = 1 + rng() % 65536, off = rng() % (base.size() - len);
+      extents.push_back({{"region", region}, {"offset", off}, {"length", len}});
+      expect += base.substr(off, len);
+    }
+    auto pub = c.Put(("/v1/objects/" + name).c_str(), json{{"extents", extents}}.dump(), kJson);
+    EXPECT_TRUE(pub && pub->status == 201) << (pub ? pub->body : "no answer");
+    return expect;
+  }
+  // B pulls `name` from A into `into`, as `as`; returns the path the pull took.
+  std::string Pull(const std::string& name, const json& into, const std::string& as,
+                   const std::string& path = "auto") {
+    auto r = Client(b_).Post("/v1/pulls",
+                             json{{"from", a_.url}, {"object", name}, {"into", into}, {"as", as},
+                                  {"path", path}, {"replace", true}}.dump(),
+                             kJson);
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+    return r && r->status == 200 ? json::parse(r->body)["path"].get<std::string>() : "";
+  }
+  std::string Read(const std::string& name) { return Client(b_).Get(("/v1/objects/" + name + "/data").c_str())->body; }
+  // A region of `size` on `device` at B, cut into 1000-byte extents two apart.
+  json Scattered(const std::string& device, uint64_t size) {
+    auto r = Client(b_).Post("/v1/regions", json{{"device", device}, {"size", 2 * size}}.dump(), kJson);
+    EXPECT_EQ(r->status, 201) << r->body;
+    const uint64_t region = json::parse(r->body)["id"];
+    json extents = json::array();
+    for (uint64_t pos = 0; pos < size; pos += 1000) {
+      extents.push_back({{"region", region}, {"offset", 2 * pos}, {"length", std::min<uint64_t>(1000, size - pos)}});
+    }
+    return extents;
+  }
+
+  std::string src_, dst_;
+  std::filesystem::path dir_;
+  testing::FerrydProcess a_, b_;
+};
+
+TEST_F(GpuTest, GpuToGpuOnOneHostTakesTheIpcPathIntoNewAndScatteredBuffers) {
+  const std::string expect = MakeObject(a_, src_, "g", 1);
+  ASSERT_FALSE(expect.empty());
+  EXPECT_EQ(Pull("g", {{"device", dst_}}, "g1"), "cuda_ipc");
+  EXPECT_TRUE(Read("g1") == expect);
+  const json mine = Scattered(dst_, expect.size());
+  EXPECT_EQ(Pull("g", {{"extents", mine}}, "unused"), "cuda_ipc");
+  ASSERT_EQ(Client(b_).Put("/v1/objects/g2", json{{"extents", mine}}.dump(), kJson)->status, 201);
+  EXPECT_TRUE(Read("g2") == expect);
+}
+
+TEST_F(GpuTest, GpuAndHostMemoryMeetThroughTheStagedPath) {
+  const std::string gpu = MakeObject(a_, src_, "g", 2);
+  const std::string host = MakeObject(a_, "host", "h", 3);
+  ASSERT_FALSE(gpu.empty());
+  ASSERT_FALSE(host.empty());
+  EXPECT_EQ(Pull("g", {{"device", "host"}}, "g-host"), "staged");  // GPU -> host
+  EXPECT_TRUE(Read("g-host") == gpu);
+  EXPECT_EQ(Pull("h", {{"device", dst_}}, "h-gpu"), "staged");  // host -> GPU
+  EXPECT_TRUE(Read("h-gpu") == host);
+  EXPECT_EQ(Pull("g", {{"extents", Scattered(dst_, gpu.size())}}, "x", "staged"), "staged");
+  EXPECT_EQ(Pull("g", {{"device", dst_}}, "g-staged", "staged"), "staged");  // forced
+  EXPECT_TRUE(Read("g-staged") == gpu);
+}
+
+TEST_F(GpuTest, WhatCannotWorkIsRefusedWithItsReason) {
+  ASSERT_FALSE(MakeObject(a_, src_, "g", 4).empty());
+  auto c = Client(b_);
+  // Debian's libfabric cannot register GPU memory: a forced rdma path is refused.
+  auto rdma = c.Post("/v1/pulls", json{{"from", a_.url}, {"object", "g"}, {"path", "rdma"}}.dump(), kJson);
+  EXPECT_EQ(rdma->status, 400) << rdma->body;
+  EXPECT_EQ(c.Get("/v1/objects/g")->status, 404);  // nothing published
+  auto gone = c.Post("/v1/regions", R"({"device":"cuda:99","size":4096})", kJson);
+  EXPECT_EQ(gone->status, 404);
+  EXPECT_THAT(gone->body, ::testing::HasSubstr("no GPU cuda:99"));
+  EXPECT_EQ(c.Put("/v1/objects/x/data?device=cuda:99", "abc", kOctet)->status, 404);
+  // Every rail reports whether it reaches GPU memory, with the provider's reason if not.
+  auto node = json::parse(c.Get("/v1/node")->body);
+  ASSERT_FALSE(node["rails"].empty());
+  EXPECT_FALSE(node["rails"][0]["hmem_cuda"].get<bool>()) << node;
+  EXPECT_FALSE(node["rails"][0]["hmem_cuda_error"].get<std::string>().empty());
+  EXPECT_THAT(node["devices"].dump(), ::testing::HasSubstr("cuda:0"));
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,41 @@
+"""Reads the JSON lines of tests/gpu/run.sh and prints the results table (markdown)."""
+import json
+import sys
+
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+base = {r["what"]: r["gb_per_sec"] for r in rows if r.get("bench") == "gpu_baseline"}
+nccl = {r["bytes"]: r["gb_per_sec"] for r in rows if r.get("bench") == "nccl" and "gb_per_sec" in r}
+raw = [r for r in rows if "raw_mb_per_sec" in r]
+raw_gbs = max((r["raw_mb_per_sec"] / 1e3 for r in raw), default=0)
+pulls = [r for r in rows if r.get("bench") == "gpu_pull"]
+peer = base.get("cudaMemcpyPeer", 0)
+nccl_1g = nccl.get(1 << 30, 0)
+print("| path | layout | pieces | GB/s end to end | GB/s copy | vs cudaMemcpyPeer | vs NCCL | target |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+contiguous = {}
+for r in pulls:
+    if r["pieces"] == 1:
+        contiguous[r["path"]] = r["gb_per_sec"]
+for r in pulls:
+    gbs = r["gb_per_sec"]
+    vs_nccl = f"{gbs / nccl_1g:.2f}x" if nccl_1g else "n/a"
+    if r["path"] == "cuda_ipc":
+        if r["pieces"] == 1 or r["piece_bytes"] >= 256 << 10:
+            ok = gbs >= 0.95 * peer and (not nccl_1g or gbs >= nccl_1g)
+            target = f"{'met' if ok else 'MISSED'}: >= 95% cudaMemcpyPeer and >= 1.0x NCCL"
+        else:
+            c = contiguous.get("cuda_ipc", 0)
+            ok = c and gbs >= 0.9 * c
+            target = f"{'met' if ok else 'MISSED'}: >= 90% of contiguous ({gbs / c * 100:.1f}%)" if c else ""
+    else:
+        ceiling = min(base.get("d2h_pinned", 0), raw_gbs) if raw_gbs else base.get("d2h_pinned", 0)
+        ok = ceiling and gbs >= 0.8 * ceiling
+        target = (f"{'met' if ok else 'MISSED'}: >= 80% of min(d2h, raw tcp) = {ceiling:.2f} GB/s"
+                  f" ({gbs / ceiling * 100:.1f}%)") if ceiling else ""
+    print(f"| {r['path']} | {r['layout']} | {r['pieces']} x {r['piece_bytes'] >> 10} KiB | {gbs:.1f} | "
+          f"{r['copy_gb_per_sec']:.1f} | {r['vs_memcpy_peer']:.3f} | {vs_nccl} | {target} |")
+print()
+print(f"Baselines in the same run: cudaMemcpyPeer {peer:.1f} GB/s; device -> pinned host "
+      f"{base.get('d2h_pinned', 0):.1f} GB/s; NCCL send/recv " +
+      (", ".join(f"{b >> 20} MiB {v:.1f} GB/s" for b, v in sorted(nccl.items())) or "not run") +
+      f"; raw libfabric tcp (fi_write loop, lo) {raw_gbs:.2f} GB/s.")
