@@ -137,8 +137,45 @@ absl::StatusOr<CudaIpcExport> CudaExportIpc(const void* ptr) {
   cudaIpcMemHandle_t h;
   FERRY_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)),
                              "cudaIpcGetMemHandle");
+  cudaPointerAttributes attr{};
+  FERRY_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, ptr), "cudaPointerGetAttributes");
+  cudaDeviceProp prop{};
+  FERRY_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, attr.device), "cudaGetDeviceProperties");
   return CudaIpcExport{HexEncode(std::string_view(h.reserved, sizeof(h.reserved))),
-                       reinterpret_cast<uint64_t>(ptr) - base};
+                       reinterpret_cast<uint64_t>(ptr) - base,
+                       HexEncode(std::string_view(prop.uuid.bytes, sizeof(prop.uuid.bytes)))};
+}
+
+absl::StatusOr<int> CudaDeviceByUuid(const std::string& uuid) {
+  // cudaGetDeviceProperties takes milliseconds: read every GPU's UUID once.
+  static const auto* by_uuid = [] {
+    auto* m = new absl::flat_hash_map<std::string, int>();
+    for (int d = 0; d < CudaDeviceCount(); ++d) {
+      cudaDeviceProp prop{};
+      if (cudaGetDeviceProperties(&prop, d) == cudaSuccess) {
+        (*m)[HexEncode(std::string_view(prop.uuid.bytes, sizeof(prop.uuid.bytes)))] = d;
+      }
+    }
+    return m;
+  }();
+  if (auto it = by_uuid->find(uuid); it != by_uuid->end()) return it->second;
+  return absl::NotFoundError(absl::StrCat("no GPU with UUID ", uuid, " in this process"));
+}
+
+absl::Status CudaEnablePeerAccess(int from, int to) {
+  if (from == to) return absl::OkStatus();
+  static absl::Mutex mu;
+  static auto* enabled = new absl::flat_hash_map<std::pair<int, int>, bool>();
+  absl::MutexLock lock(&mu);
+  if (enabled->contains({from, to})) return absl::OkStatus();
+  FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(from), "cudaSetDevice");
+  cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+  if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+    return CudaError(e, absl::StrCat("cudaDeviceEnablePeerAccess(", from, " -> ", to, ")"));
+  }
+  cudaGetLastError();
+  (*enabled)[{from, to}] = true;
+  return absl::OkStatus();
 }
 
 struct CudaIpcCache::Impl {
@@ -198,28 +235,69 @@ absl::StatusOr<CudaMapping> CudaIpcCache::Open(const std::string& handle, int de
 
 absl::Status CudaCopyPieces(int device, const std::vector<CopyPiece>& pieces) {
   std::vector<CopyChunk> chunks;
+  std::vector<CopyPiece> large;
   chunks.reserve(pieces.size());
   for (const CopyPiece& p : pieces) {
+    if (p.length >= kCopyEngineBytes) {
+      large.push_back(p);
+      continue;
+    }
     for (uint64_t done = 0; done < p.length; done += kCopyChunkBytes) {
       chunks.push_back({p.dst + done, p.src + done, std::min(kCopyChunkBytes, p.length - done)});
     }
   }
-  if (chunks.empty()) return absl::OkStatus();
+  if (chunks.empty() && large.empty()) return absl::OkStatus();
   RETURN_IF_ERROR(CheckCudaDevice(device));
   FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "cudaSetDevice");
-  cudaStream_t stream = cudaStreamPerThread;
-  const size_t bytes = chunks.size() * sizeof(CopyChunk);
-  void* list = nullptr;
-  FERRY_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&list, bytes, stream), "cudaMallocAsync");
-  cudaError_t e = cudaMemcpyAsync(list, chunks.data(), bytes, cudaMemcpyHostToDevice, stream);
-  if (e == cudaSuccess) {
-    e = LaunchCopyChunks(static_cast<const CopyChunk*>(list), chunks.size(), SmCount(device),
-                         stream);
+  // Streams and chunk-list buffers of this thread's own, so that concurrent callers do not
+  // wait on each other; the buffers grow and stay (no allocation per copy).
+  struct Scratch {
+    cudaStream_t kernel = nullptr, engine = nullptr;
+    CopyChunk* host = nullptr;    // pinned
+    CopyChunk* device = nullptr;  // on the GPU
+    size_t capacity = 0;          // chunks
+  };
+  thread_local absl::flat_hash_map<int, Scratch> scratch;
+  auto [it, added] = scratch.try_emplace(device);
+  Scratch& sc = it->second;
+  if (added) {
+    FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&sc.kernel, cudaStreamNonBlocking),
+                               "cudaStreamCreate");
+    FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&sc.engine, cudaStreamNonBlocking),
+                               "cudaStreamCreate");
   }
-  cudaFreeAsync(list, stream);
-  const cudaError_t done = cudaStreamSynchronize(stream);
-  if (e == cudaSuccess) e = done;
-  if (e != cudaSuccess) return CudaError(e, "copy kernel");
+  if (chunks.size() > sc.capacity) {
+    cudaFreeHost(sc.host);
+    cudaFree(sc.device);
+    sc.host = nullptr;
+    sc.device = nullptr;
+    sc.capacity = 0;
+    const size_t want = std::max<size_t>(chunks.size(), 4096);
+    void *host = nullptr, *dev = nullptr;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaMallocHost(&host, want * sizeof(CopyChunk)), "cudaMallocHost");
+    sc.host = static_cast<CopyChunk*>(host);
+    FERRY_CUDA_RETURN_IF_ERROR(cudaMalloc(&dev, want * sizeof(CopyChunk)), "cudaMalloc");
+    sc.device = static_cast<CopyChunk*>(dev);
+    sc.capacity = want;
+  }
+  const cudaStream_t kernel_stream = sc.kernel, engine_stream = sc.engine;
+  cudaError_t e = cudaSuccess;
+  for (const CopyPiece& p : large) {
+    if (e == cudaSuccess) {
+      e = cudaMemcpyAsync(reinterpret_cast<void*>(p.dst), reinterpret_cast<const void*>(p.src),
+                          p.length, cudaMemcpyDefault, engine_stream);
+    }
+  }
+  if (e == cudaSuccess && !chunks.empty()) {
+    const size_t bytes = chunks.size() * sizeof(CopyChunk);
+    std::memcpy(sc.host, chunks.data(), bytes);
+    e = cudaMemcpyAsync(sc.device, sc.host, bytes, cudaMemcpyHostToDevice, kernel_stream);
+    if (e == cudaSuccess) e = LaunchCopyChunks(sc.device, chunks.size(), SmCount(device), kernel_stream);
+  }
+  const cudaError_t k = cudaStreamSynchronize(kernel_stream);
+  const cudaError_t c = cudaStreamSynchronize(engine_stream);
+  if (e == cudaSuccess) e = k != cudaSuccess ? k : c;
+  if (e != cudaSuccess) return CudaError(e, "batched copy");
   return absl::OkStatus();
 }
 

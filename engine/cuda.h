@@ -33,12 +33,18 @@ void CudaHostFree(void* p);
 absl::Status CudaCopy(void* dst, const void* src, size_t bytes);
 
 // How another process on this host opens a GPU buffer: the IPC handle of the allocation that
-// holds it (hex) and the buffer's offset in that allocation.
+// holds it (hex), the buffer's offset in that allocation, and the GPU's UUID (hex; device
+// numbers differ between processes, UUIDs do not).
 struct CudaIpcExport {
   std::string handle;
   uint64_t offset = 0;
+  std::string gpu;
 };
 absl::StatusOr<CudaIpcExport> CudaExportIpc(const void* ptr);
+// This process's number for the GPU with `uuid` (hex). kNotFound when it has none.
+absl::StatusOr<int> CudaDeviceByUuid(const std::string& uuid);
+// Lets kernels on GPU `from` read and write GPU `to` (no-op when they are the same).
+absl::Status CudaEnablePeerAccess(int from, int to);
 
 // Another process's GPU allocation mapped into this one: valid while `base` is held.
 struct CudaMapping {
@@ -72,8 +78,10 @@ struct CopyPiece {
   uint64_t src = 0;
   uint64_t length = 0;
 };
-// Copies every piece with one kernel on GPU `device` and waits for it. Pieces must not
+// Copies every piece on GPU `device` and waits: pieces of kCopyEngineBytes and more with the
+// copy engines (cudaMemcpyAsync), the others with one kernel, both at once. Pieces must not
 // overlap each other's destinations.
+inline constexpr uint64_t kCopyEngineBytes = uint64_t{64} << 20;
 absl::Status CudaCopyPieces(int device, const std::vector<CopyPiece>& pieces);
 
 }  // namespace ferry::engine

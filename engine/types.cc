@@ -59,7 +59,9 @@ nlohmann::json ToJson(const RegionDescriptor& d) {
                       {"offset_addressing", d.offset_addressing},
                       {"keys", d.keys}};
   if (!d.host.empty()) j["host"] = d.host;
-  if (!d.ipc_handle.empty()) j["ipc"] = {{"handle", d.ipc_handle}, {"offset", d.ipc_offset}};
+  if (!d.ipc_handle.empty()) {
+    j["ipc"] = {{"handle", d.ipc_handle}, {"offset", d.ipc_offset}, {"gpu", d.ipc_gpu}};
+  }
   return j;
 }
 
@@ -101,15 +103,17 @@ absl::StatusOr<RegionDescriptor> RegionDescriptorFromJson(const nlohmann::json& 
   if (const nlohmann::json* ipc = field("ipc")) {
     if (!ipc->is_object() || !ipc->contains("handle") || !(*ipc)["handle"].is_string() ||
         !ipc->contains("offset") || !(*ipc)["offset"].is_number_unsigned() ||
+        !ipc->contains("gpu") || !(*ipc)["gpu"].is_string() ||
         (*ipc)["handle"].get<std::string>().empty()) {
       return absl::InvalidArgumentError(
-          "region descriptor: ipc wants handle (hex string) and offset (unsigned)");
+          "region descriptor: ipc wants handle and gpu (hex strings) and offset (unsigned)");
     }
     if (d.device.kind != Device::Kind::kCuda) {
       return absl::InvalidArgumentError("region descriptor: ipc on host memory");
     }
     d.ipc_handle = (*ipc)["handle"].get<std::string>();
     d.ipc_offset = (*ipc)["offset"].get<uint64_t>();
+    d.ipc_gpu = (*ipc)["gpu"].get<std::string>();
   }
   // GPU memory the provider cannot register has no keys: only the same-host and staged paths
   // reach it.

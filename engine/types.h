@@ -45,10 +45,11 @@ struct RegionDescriptor {
   std::vector<uint64_t> keys;  // one remote key per rail of the owner; none for GPU memory
                                // the owner's provider cannot register
   // GPU memory only. The owner's HostId(), and how a process on that host maps the memory:
-  // the CUDA IPC handle (hex) of the allocation and the region's offset in it.
+  // the CUDA IPC handle (hex) of the allocation, the region's offset in it and the GPU's UUID.
   std::string host;
   std::string ipc_handle;
   uint64_t ipc_offset = 0;
+  std::string ipc_gpu;
 
   // The remote address a WRITE at `offset` into this region uses.
   uint64_t RemoteAddress(uint64_t offset) const {

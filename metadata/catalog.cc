@@ -238,13 +238,27 @@ absl::StatusOr<ObjectRecord> Catalog::Get(const std::string& name,
     RETURN_IF_ERROR(FromRocksDb(s, "read object"));
     v = DecodeU64(latest);
   }
+  const std::string key = VersionKey(name, v);
+  {
+    absl::MutexLock lock(&cache_mu_);
+    if (auto it = cache_.find(key); it != cache_.end()) return *it->second;
+  }
   std::string value;
-  rocksdb::Status s = db_->Get({}, objects_, VersionKey(name, v), &value);
+  rocksdb::Status s = db_->Get({}, objects_, key, &value);
   if (s.IsNotFound()) {
     return absl::NotFoundError(absl::StrCat("no version ", v, " of object '", name, "'"));
   }
   RETURN_IF_ERROR(FromRocksDb(s, "read object"));
-  return DecodeRecord(value);
+  ASSIGN_OR_RETURN(ObjectRecord r, DecodeRecord(value));
+  absl::MutexLock lock(&cache_mu_);
+  if (cached_extents_ + r.extents.size() > kCachedExtents) {
+    cache_.clear();
+    cached_extents_ = 0;
+  }
+  if (cache_.emplace(key, std::make_shared<const ObjectRecord>(r)).second) {
+    cached_extents_ += r.extents.size();
+  }
+  return r;
 }
 
 absl::StatusOr<std::vector<ObjectRecord>> Catalog::List(const std::string& prefix,
@@ -289,6 +303,13 @@ absl::Status Catalog::Delete(const std::string& name) {
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync;
   RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), "delete object"));
+  {
+    absl::MutexLock cache_lock(&cache_mu_);
+    for (auto c = cache_.lower_bound(vprefix); c != cache_.end() && c->first.starts_with(vprefix);) {
+      cached_extents_ -= c->second->extents.size();
+      c = cache_.erase(c);
+    }
+  }
   for (const ObjectRecord& r : removed) {
     for (const ObjectExtent& e : r.extents) {
       if (--region_users_[e.region] == 0) region_users_.erase(e.region);

@@ -95,6 +95,12 @@ class Catalog {
 
   mutable absl::Mutex mu_;  // serialises read-check-write changes
   std::map<uint64_t, size_t> region_users_ ABSL_GUARDED_BY(mu_);
+  // Decoded records by version key: versions never change, so a hit saves decoding a layout
+  // of many extents on every pull. Emptied when it holds more than kCachedExtents extents.
+  static constexpr size_t kCachedExtents = size_t{1} << 20;
+  mutable absl::Mutex cache_mu_;
+  mutable std::map<std::string, std::shared_ptr<const ObjectRecord>> cache_ ABSL_GUARDED_BY(cache_mu_);
+  mutable size_t cached_extents_ ABSL_GUARDED_BY(cache_mu_) = 0;
 };
 
 }  // namespace ferry::metadata

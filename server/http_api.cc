@@ -39,8 +39,9 @@ absl::StatusOr<std::optional<uint64_t>> VersionParam(const httplib::Request& req
   return std::optional<uint64_t>(v);
 }
 
-absl::StatusOr<bool> BoolParam(const httplib::Request& req, const char* name) {
-  if (!req.has_param(name)) return false;
+absl::StatusOr<bool> BoolParam(const httplib::Request& req, const char* name,
+                               bool absent = false) {
+  if (!req.has_param(name)) return absent;
   const std::string v = req.get_param_value(name);
   if (v == "true" || v == "1") return true;
   if (v == "false" || v == "0") return false;
@@ -114,7 +115,11 @@ void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res
     if (m == "GET") {
       auto version = VersionParam(req);
       if (!version.ok()) return WriteError(res, version.status());
-      return WriteResponse(res, node.Describe(name, *version));
+      auto extents = BoolParam(req, "extents", true);
+      if (!extents.ok()) return WriteError(res, extents.status());
+      auto view = node.Describe(name, *version);
+      if (!view.ok()) return WriteError(res, view.status());
+      return WriteJson(res, ToJson(*view, *extents));
     }
     if (m == "DELETE") {
       absl::Status s = node.Delete(name);

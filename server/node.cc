@@ -39,7 +39,16 @@ absl::StatusOr<uint64_t> UnsignedField(const nlohmann::json& j, const char* name
 absl::StatusOr<std::vector<metadata::ObjectExtent>> ExtentsFromJson(const nlohmann::json& j) {
   if (!j.is_array()) return absl::InvalidArgumentError("\"extents\" must be an array");
   std::vector<metadata::ObjectExtent> out;
+  out.reserve(j.size());
   for (const auto& e : j) {
+    if (e.is_array()) {
+      if (e.size() != 3 || !e[0].is_number_unsigned() || !e[1].is_number_unsigned() ||
+          !e[2].is_number_unsigned()) {
+        return absl::InvalidArgumentError("a compact extent is [region, offset, length], unsigned");
+      }
+      out.push_back({e[0].get<uint64_t>(), e[1].get<uint64_t>(), e[2].get<uint64_t>()});
+      continue;
+    }
     if (!e.is_object()) return absl::InvalidArgumentError("an extent must be an object");
     ASSIGN_OR_RETURN(uint64_t region, UnsignedField(e, "region"));
     ASSIGN_OR_RETURN(uint64_t offset, UnsignedField(e, "offset"));
@@ -67,17 +76,21 @@ nlohmann::json ToJson(const RegionInfo& r) {
   return {{"id", r.id}, {"device", r.device.ToString()}, {"size", r.size}, {"owned", r.owned}};
 }
 
-nlohmann::json ToJson(const ObjectView& o) {
-  nlohmann::json extents = nlohmann::json::array();
-  for (const auto& e : o.record.extents) {
-    extents.push_back({{"region", e.region}, {"offset", e.offset}, {"length", e.length}});
-  }
+nlohmann::json ToJson(const ObjectView& o, bool with_extents) {
   nlohmann::json devices = nlohmann::json::array();
   for (const engine::Device& d : o.devices) devices.push_back(d.ToString());
-  return {{"name", o.record.name},   {"version", o.record.version},
-          {"size", o.record.size},   {"created_ms", o.record.created_ms},
-          {"detached", o.detached},  {"devices", devices},
-          {"on_rails", o.on_rails},  {"extents", extents}};
+  nlohmann::json j = {{"name", o.record.name},   {"version", o.record.version},
+                      {"size", o.record.size},   {"created_ms", o.record.created_ms},
+                      {"detached", o.detached},  {"devices", devices},
+                      {"on_rails", o.on_rails}};
+  if (with_extents) {
+    nlohmann::json extents = nlohmann::json::array();
+    for (const auto& e : o.record.extents) {
+      extents.push_back({{"region", e.region}, {"offset", e.offset}, {"length", e.length}});
+    }
+    j["extents"] = std::move(extents);
+  }
+  return j;
 }
 
 nlohmann::json ToJson(const PullStats& s) {
@@ -360,6 +373,7 @@ engine::RegionDescriptor Node::DescriptorOf(const Region& r) const {
     d.host = engine::HostId();
     d.ipc_handle = r.ipc.handle;
     d.ipc_offset = r.ipc.offset;
+    d.ipc_gpu = r.ipc.gpu;
   }
   return d;
 }

@@ -64,14 +64,16 @@ struct PullStats {
   std::optional<uint64_t> region;  // the new buffer, for pulls into one
 };
 
-// [{"region":R,"offset":O,"length":L}, ...] with unsigned fields. kInvalidArgument otherwise.
+// [{"region":R,"offset":O,"length":L}, ...] with unsigned fields, or the compact form
+// [[R, O, L], ...] (what nodes send each other). kInvalidArgument otherwise.
 absl::StatusOr<std::vector<metadata::ObjectExtent>> ExtentsFromJson(const nlohmann::json& j);
 
 // The unsigned integer field `name` of `j`. kInvalidArgument when missing or not one.
 absl::StatusOr<uint64_t> UnsignedField(const nlohmann::json& j, const char* name);
 
 nlohmann::json ToJson(const RegionInfo& r);
-nlohmann::json ToJson(const ObjectView& o);
+// Without extents: what a pulling node needs (size, devices, on_rails), cheap for big layouts.
+nlohmann::json ToJson(const ObjectView& o, bool with_extents = true);
 nlohmann::json ToJson(const PullStats& s);
 
 // Statuses that the HTTP layer answers with a status code other than its default for the

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "engine/fabric.h"
 #include "engine/status.h"
@@ -22,6 +23,36 @@ constexpr char kCreditPrefix[] = "ferry.credit ";
 bool IsCuda(const engine::Device& d) { return d.kind == engine::Device::Kind::kCuda; }
 
 uint64_t Chunks(uint64_t size, uint64_t chunk) { return (size + chunk - 1) / chunk; }
+
+// The destination's extents travel between nodes as base64 of little-endian u64 triplets
+// (region, offset, length): a KV-cache layout has tens of thousands, and JSON costs microseconds
+// each at both ends.
+std::string PackExtents(const std::vector<metadata::ObjectExtent>& extents) {
+  std::string raw(extents.size() * 24, '\0');
+  char* p = raw.data();
+  for (const metadata::ObjectExtent& e : extents) {
+    for (uint64_t v : {e.region, e.offset, e.length}) {
+      for (int b = 0; b < 8; ++b) *p++ = static_cast<char>(v >> (8 * b));
+    }
+  }
+  return absl::Base64Escape(raw);
+}
+
+absl::StatusOr<std::vector<metadata::ObjectExtent>> UnpackExtents(const std::string& b64) {
+  std::string raw;
+  if (!absl::Base64Unescape(b64, &raw) || raw.size() % 24 != 0) {
+    return absl::InvalidArgumentError("\"extents_b64\" is not base64 of (region, offset, length) triplets");
+  }
+  std::vector<metadata::ObjectExtent> out(raw.size() / 24);
+  const auto* p = reinterpret_cast<const unsigned char*>(raw.data());
+  for (metadata::ObjectExtent& e : out) {
+    for (uint64_t* v : {&e.region, &e.offset, &e.length}) {
+      *v = 0;
+      for (int b = 0; b < 8; ++b) *v |= uint64_t{*p++} << (8 * b);
+    }
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -54,15 +85,20 @@ absl::StatusOr<engine::PeerId> Node::PeerFor(const nlohmann::json& request,
 absl::StatusOr<Node::PullTarget> Node::ParsePullTarget(const nlohmann::json& req,
                                                        uint64_t size) const {
   auto regions = req.find("regions");
-  auto extents = req.find("extents");
   if (regions == req.end() || !regions->is_array() || regions->empty()) {
     return absl::InvalidArgumentError("\"regions\" must be a non-empty array of descriptors");
   }
-  if (extents == req.end() || !extents->is_array() || extents->empty()) {
-    return absl::InvalidArgumentError("\"extents\" must be a non-empty array");
+  std::vector<metadata::ObjectExtent> parsed;
+  if (auto b64 = req.find("extents_b64"); b64 != req.end() && b64->is_string()) {
+    ASSIGN_OR_RETURN(parsed, UnpackExtents(b64->get<std::string>()));
+  } else if (auto extents = req.find("extents"); extents != req.end() && extents->is_array()) {
+    ASSIGN_OR_RETURN(parsed, ExtentsFromJson(*extents));
   }
-  if (extents->size() > options_.max_extents || regions->size() > options_.max_extents) {
-    return TooLarge(absl::StrCat(extents->size(), " extents; the limit is ", options_.max_extents));
+  if (parsed.empty()) {
+    return absl::InvalidArgumentError("\"extents\" (or \"extents_b64\") must be non-empty");
+  }
+  if (parsed.size() > options_.max_extents || regions->size() > options_.max_extents) {
+    return TooLarge(absl::StrCat(parsed.size(), " extents; the limit is ", options_.max_extents));
   }
   PullTarget t;
   for (const auto& d : *regions) {
@@ -75,7 +111,6 @@ absl::StatusOr<Node::PullTarget> Node::ParsePullTarget(const nlohmann::json& req
   std::vector<Abs> spans;
   uint64_t total = 0;
   // Here an extent's "region" is an index into "regions".
-  ASSIGN_OR_RETURN(std::vector<metadata::ObjectExtent> parsed, ExtentsFromJson(*extents));
   for (const auto& [region, offset, length] : parsed) {
     if (region >= t.regions.size()) {
       return absl::InvalidArgumentError(absl::StrCat("extent names region ", region, " of ",
@@ -203,10 +238,20 @@ absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
       return absl::InvalidArgumentError("cuda_ipc: the object must live on one GPU");
     }
   }
+  // The kernel runs on the destination's GPU, writing locally and reading the source over
+  // NVLink (pulling is faster than pushing there); big pieces go to the copy engines.
+  const std::string& dst_uuid = target.regions.front().ipc_gpu;
+  for (const engine::RegionDescriptor& d : target.regions) {
+    if (d.ipc_gpu != dst_uuid) {
+      return absl::InvalidArgumentError("cuda_ipc: the destination must be on one GPU");
+    }
+  }
+  ASSIGN_OR_RETURN(const int dst_gpu, engine::CudaDeviceByUuid(dst_uuid));
+  RETURN_IF_ERROR(engine::CudaEnablePeerAccess(dst_gpu, gpu.index));
   const absl::Time start = absl::Now();
   std::vector<engine::CudaMapping> maps;
   for (const engine::RegionDescriptor& d : target.regions) {
-    ASSIGN_OR_RETURN(engine::CudaMapping m, ipc_cache_.Open(d.ipc_handle, gpu.index));
+    ASSIGN_OR_RETURN(engine::CudaMapping m, ipc_cache_.Open(d.ipc_handle, dst_gpu));
     if (!engine::InBounds(d.ipc_offset, d.length, m.size)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "cuda_ipc: region [", d.ipc_offset, ", +", d.length, ") is outside its allocation of ",
@@ -220,7 +265,9 @@ absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
     const engine::RegionDescriptor& d = target.regions[e.region];
     dst.push_back({maps[e.region].base.get() + d.ipc_offset + e.offset, e.length, d.device});
   }
-  RETURN_IF_ERROR(RunPieces(PairSpans(dst, src)));
+  std::vector<Piece> pieces = PairSpans(dst, src);
+  for (Piece& p : pieces) p.device = engine::Device::Cuda(dst_gpu);
+  RETURN_IF_ERROR(RunPieces(pieces));
   return PullStats{object.name, object.version, object.size,
                    absl::ToDoubleSeconds(absl::Now() - start), {},
                    std::string(PathName(PullPath::kCudaIpc)), std::nullopt};
@@ -416,7 +463,8 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
   const std::string object_path = "/v1/objects/" + EncodeName(name);
   ASSIGN_OR_RETURN(nlohmann::json source, get_json("/v1/node"));
   ASSIGN_OR_RETURN(nlohmann::json described,
-                   get_json(object_path + (version ? absl::StrCat("?version=", *version) : "")));
+                   get_json(object_path + "?extents=false" +
+                            (version ? absl::StrCat("&version=", *version) : "")));
   if (!described.contains("size") || !described["size"].is_number_unsigned()) {
     return absl::UnavailableError("source answered without an object size");
   }
@@ -470,7 +518,9 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
   {
     absl::ReaderMutexLock lock(&mu_);
     std::map<uint64_t, size_t> index;
-    nlohmann::json regions = nlohmann::json::array(), extents = nlohmann::json::array();
+    nlohmann::json regions = nlohmann::json::array();
+    std::vector<metadata::ObjectExtent> extents;
+    extents.reserve(local.size());
     for (const metadata::ObjectExtent& e : local) {
       auto it = regions_.find(e.region);
       if (it == regions_.end()) return fail(absl::NotFoundError(absl::StrCat("no region ", e.region)));
@@ -486,10 +536,10 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
         if (!IsCuda(r.info.device) || r.ipc.handle.empty()) facts.dst_all_ipc = false;
         regions.push_back(engine::ToJson(DescriptorOf(r)));
       }
-      extents.push_back({{"region", slot->second}, {"offset", e.offset}, {"length", e.length}});
+      extents.push_back({slot->second, e.offset, e.length});
     }
     request["regions"] = regions;
-    request["extents"] = extents;
+    request["extents_b64"] = PackExtents(extents);
   }
   const PullPath chosen = path ? *path : ChoosePath(facts);
   request["path"] = PathName(chosen);

@@ -54,12 +54,15 @@ bool CudaOk(cudaError_t e, const char* what) {
   return false;
 }
 
-// cudaMemcpyPeer of `size` bytes from GPU `src` to GPU `dst` (or within one GPU), and the
-// device-to-pinned-host copy rate of GPU `src`: seconds, median.
+// cudaMemcpyPeer of `size` bytes from GPU `src` to GPU `dst` (or within one GPU), the
+// device-to-pinned-host copy rate of GPU `src`, and ferry's batched copy alone (no node, no
+// HTTP: CudaCopyPieces on GPU `dst`) for each piece count: seconds, median.
 struct Baselines {
   double peer = 0, d2h = 0;
+  std::vector<double> pieces;  // per f.pieces
 };
-std::optional<Baselines> MeasureBaselines(int src, int dst, uint64_t size, int iters) {
+std::optional<Baselines> MeasureBaselines(int src, int dst, uint64_t size, int iters,
+                                          const std::vector<uint64_t>& piece_counts) {
   void *a = nullptr, *b = nullptr, *h = nullptr;
   if (!CudaOk(cudaSetDevice(dst), "cudaSetDevice") || !CudaOk(cudaMalloc(&b, size), "cudaMalloc") ||
       !CudaOk(cudaSetDevice(src), "cudaSetDevice") || !CudaOk(cudaMalloc(&a, size), "cudaMalloc") ||
@@ -74,6 +77,19 @@ std::optional<Baselines> MeasureBaselines(int src, int dst, uint64_t size, int i
     cudaDeviceSynchronize();
   });
   out.d2h = TimeIt(iters, [&] { cudaMemcpy(h, a, size, cudaMemcpyDeviceToHost); });
+  if (!engine::CudaEnablePeerAccess(dst, src).ok()) return std::nullopt;
+  for (uint64_t count : piece_counts) {
+    std::vector<uint64_t> order(count);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(3));
+    const uint64_t piece = size / count;
+    std::vector<engine::CopyPiece> copies;
+    for (uint64_t i = 0; i < count; ++i) {
+      copies.push_back({reinterpret_cast<uint64_t>(b) + order[i] * piece,
+                        reinterpret_cast<uint64_t>(a) + i * piece, piece});
+    }
+    out.pieces.push_back(TimeIt(iters, [&] { (void)engine::CudaCopyPieces(dst, copies); }));
+  }
   cudaFree(a);
   cudaFreeHost(h);
   cudaSetDevice(dst);
@@ -91,7 +107,8 @@ uint64_t NewRegion(httplib::Client& c, const std::string& device, uint64_t size)
   return json::parse(r->body)["id"].get<uint64_t>();
 }
 
-// `count` pieces of size/count bytes at shuffled positions of a region of `size` bytes.
+// `count` pieces of size/count bytes at shuffled positions of a region of `size` bytes, in
+// the compact extent form ([region, offset, length]).
 json Scattered(uint64_t region, uint64_t size, uint64_t count, uint64_t seed) {
   std::vector<uint64_t> order(count);
   std::iota(order.begin(), order.end(), 0);
@@ -99,7 +116,7 @@ json Scattered(uint64_t region, uint64_t size, uint64_t count, uint64_t seed) {
   const uint64_t piece = size / count;
   json extents = json::array();
   for (uint64_t i : order) {
-    extents.push_back({{"region", region}, {"offset", i * piece}, {"length", piece}});
+    extents.push_back(json::array({region, i * piece, piece}));
   }
   return extents;
 }
@@ -114,7 +131,7 @@ int RunGpuBench(const GpuFlags& f) {
   }
   const int src = 0, dst = gpus > 1 ? 1 : 0;
   const std::string src_dev = absl::StrCat("cuda:", src), dst_dev = absl::StrCat("cuda:", dst);
-  auto base = MeasureBaselines(src, dst, f.size, f.iters);
+  auto base = MeasureBaselines(src, dst, f.size, f.iters, f.pieces);
   if (!base) return 1;
 
   const auto dir = std::filesystem::temp_directory_path() / ("ferry-bench-gpu-" + std::to_string(getpid()));
@@ -148,6 +165,13 @@ int RunGpuBench(const GpuFlags& f) {
        {"gb_per_sec", gb / base->d2h}},
       absl::StrCat("cudaMemcpy ", src_dev, " -> pinned host: ", gb / base->d2h, " GB/s"));
 
+  for (size_t i = 0; i < f.pieces.size(); ++i) {
+    const uint64_t n = f.pieces[i];
+    row({{"bench", "gpu_baseline"}, {"what", "batched_copy"}, {"pieces", n},
+         {"piece_bytes", f.size / n}, {"bytes", f.size}, {"gb_per_sec", gb / base->pieces[i]}},
+        absl::StrCat("CudaCopyPieces alone, ", n, " x ", f.size / n, " B shuffled, ", src_dev,
+                     " -> ", dst_dev, ": ", gb / base->pieces[i], " GB/s"));
+  }
   const uint64_t src_region = NewRegion(ca, src_dev, f.size);
   const uint64_t dst_region = NewRegion(cb, dst_dev, f.size);
   if (src_region == 0 || dst_region == 0) return 1;

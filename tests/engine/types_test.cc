@@ -40,6 +40,7 @@ TEST(RegionDescriptorTest, GpuMemoryCarriesHostAndIpcHandleAndMayHaveNoKeys) {
   d.host = HostId();
   d.ipc_handle = "00ff10";
   d.ipc_offset = 512;
+  d.ipc_gpu = "a1b2";
   const nlohmann::json j = ToJson(d);
   EXPECT_EQ(j["ipc"]["handle"], "00ff10");
   EXPECT_EQ(j["ipc"]["offset"], 512);
@@ -58,7 +59,8 @@ TEST(RegionDescriptorTest, GpuMemoryCarriesHostAndIpcHandleAndMayHaveNoKeys) {
   EXPECT_OK(RegionDescriptorFromJson(host).status());
   for (nlohmann::json ipc : {nlohmann::json("x"), nlohmann::json{{"handle", "ab"}},
                              nlohmann::json{{"handle", ""}, {"offset", 0}},
-                             nlohmann::json{{"handle", "ab"}, {"offset", -1}}}) {
+                             nlohmann::json{{"handle", "ab"}, {"offset", -1}, {"gpu", "a1"}},
+                             nlohmann::json{{"handle", "ab"}, {"offset", 0}}}) {
     nlohmann::json bad = j;
     bad["ipc"] = ipc;
     EXPECT_THAT(RegionDescriptorFromJson(bad), StatusIs(absl::StatusCode::kInvalidArgument))
