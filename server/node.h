@@ -157,6 +157,23 @@ class Node {
     std::vector<engine::RegionDescriptor> regions;
     std::vector<engine::Extent> extents;  // region = index into `regions`
   };
+  // Counts a pull (either side) while it runs; ~Node waits for none.
+  class PullInFlight {
+   public:
+    explicit PullInFlight(Node* node) : node_(node) {
+      absl::MutexLock lock(&node_->mu_);
+      ++node_->pulls_in_flight_;
+    }
+    ~PullInFlight() {
+      absl::MutexLock lock(&node_->mu_);
+      --node_->pulls_in_flight_;
+    }
+    PullInFlight(const PullInFlight&) = delete;
+    PullInFlight& operator=(const PullInFlight&) = delete;
+
+   private:
+    Node* node_;
+  };
   explicit Node(const NodeOptions& options) : options_(options) {}
   bool Attached(const metadata::ObjectRecord& r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   ObjectView View(metadata::ObjectRecord r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

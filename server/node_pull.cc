@@ -163,17 +163,13 @@ absl::StatusOr<PullStats> Node::ServePull(const std::string& name, const nlohman
   ASSIGN_OR_RETURN(metadata::ObjectRecord object, catalog_->Get(name, version));
   ASSIGN_OR_RETURN(PullTarget target, ParsePullTarget(req, object.size));
   {
-    absl::MutexLock lock(&mu_);
+    absl::ReaderMutexLock lock(&mu_);
     if (!Attached(object)) {
       return Conflict(absl::StrCat("object '", name, "' is detached: its regions are not "
                                    "registered since the node restarted"));
     }
-    ++pulls_in_flight_;
   }
-  absl::Cleanup done = [this] {
-    absl::MutexLock lock(&mu_);
-    --pulls_in_flight_;
-  };
+  PullInFlight in_flight(this);
   if (path == PullPath::kCudaIpc) return ServeIpc(object, target);
   if (path == PullPath::kStaged && !req.contains("staging")) {
     return absl::InvalidArgumentError("the staged path needs a \"staging\" ring");
@@ -442,6 +438,7 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
     return absl::InvalidArgumentError("\"from\" must be an http://host:port URL");
   }
   if (!into.is_object()) return absl::InvalidArgumentError("\"into\" must be an object");
+  PullInFlight in_flight(this);
   const absl::Time deadline = absl::Now() + options_.pull_timeout;
   httplib::Client client(from);
   client.set_connection_timeout(5);
@@ -534,7 +531,12 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
         const Region& r = it->second;
         if (r.engine_id == 0) facts.dst_on_rails = false;
         if (!IsCuda(r.info.device) || r.ipc.handle.empty()) facts.dst_all_ipc = false;
-        regions.push_back(engine::ToJson(DescriptorOf(r)));
+        engine::RegionDescriptor d = DescriptorOf(r);
+        if (!facts.same_host) {  // IPC handles go only to a source on this host
+          d.ipc_handle.clear();
+          d.ipc_gpu.clear();
+        }
+        regions.push_back(engine::ToJson(d));
       }
       extents.push_back({slot->second, e.offset, e.length});
     }

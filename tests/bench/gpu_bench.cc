@@ -24,12 +24,6 @@ namespace {
 
 using json = nlohmann::json;
 
-struct Daemon : testing::FerrydProcess {
-  ~Daemon() {
-    if (proc) Stop();
-  }
-};
-
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -136,15 +130,15 @@ int RunGpuBench(const GpuFlags& f) {
 
   const auto dir = std::filesystem::temp_directory_path() / ("ferry-bench-gpu-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
-  Daemon a, b;
-  for (auto [d, name] : {std::pair<Daemon*, const char*>{&a, "a"}, {&b, "b"}}) {
+  testing::FerrydProcess a, b;  // stopped (SIGTERM) when they go
+  for (auto [d, name] : {std::pair<testing::FerrydProcess*, const char*>{&a, "a"}, {&b, "b"}}) {
     auto p = testing::StartFerryd(f.ferryd, {"--data-dir", (dir / name).string(), "--domain", "lo",
                                              "--rails", std::to_string(f.rails)});
     if (!p.ok()) {
       std::cerr << p.status() << "\n";
       return 1;
     }
-    static_cast<testing::FerrydProcess&>(*d) = std::move(*p);
+    *d = std::move(*p);
   }
   httplib::Client ca(a.url), cb(b.url);
   ca.set_read_timeout(600);

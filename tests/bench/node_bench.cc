@@ -22,21 +22,14 @@ namespace {
 
 using json = nlohmann::json;
 
-// A ferryd child that is stopped when it goes out of scope.
-struct Daemon : testing::FerrydProcess {
-  ~Daemon() {
-    if (proc) Stop();
-  }
-};
-
-bool Start(Daemon& d, const NodeFlags& f, const std::string& dir) {
+bool Start(testing::FerrydProcess& d, const NodeFlags& f, const std::string& dir) {
   auto p = testing::StartFerryd(f.ferryd, {"--data-dir", dir, "--domain", "lo", "--rails",
                                            std::to_string(f.rails)});
   if (!p.ok()) {
     std::cerr << p.status() << "\n";
     return false;
   }
-  static_cast<testing::FerrydProcess&>(d) = std::move(*p);
+  d = std::move(*p);
   return true;
 }
 
@@ -101,7 +94,7 @@ absl::StatusOr<PullTimes> TimePulls(httplib::Client& ca, httplib::Client& cb,
 int RunNodeBench(const NodeFlags& f) {
   const auto dir = std::filesystem::temp_directory_path() / ("ferry-bench-node-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
-  Daemon a, b;
+  testing::FerrydProcess a, b;  // stopped (SIGTERM) when they go
   if (!Start(a, f, (dir / "a").string()) || !Start(b, f, (dir / "b").string())) {
     std::cerr << "cannot start ferryd (" << f.ferryd << ")\n";
     return 1;
@@ -176,7 +169,7 @@ int RunNodeBench(const NodeFlags& f) {
         absl::StrCat("catalog publish (in process, no fsync): ", f.objects, " objects in ",
                      absl::StrFormat("%.1f", secs), " s = ",
                      static_cast<int64_t>(static_cast<double>(f.objects) / secs), " /s"));
-    Daemon c;
+    testing::FerrydProcess c;
     if (!Start(c, f, cat_dir)) return 1;
     httplib::Client cc(c.url);
     std::vector<double> us;

@@ -11,6 +11,7 @@
 
 namespace ferry::testing {
 
+// Destroying it stops ferryd the same way (SIGTERM, then SIGKILL after 10 s).
 struct FerrydProcess {
   std::unique_ptr<Subprocess> proc;
   std::string url;  // http://127.0.0.1:PORT
