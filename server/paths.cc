@@ -59,6 +59,7 @@ std::vector<Span> Slice(const std::vector<Span>& spans, uint64_t offset, uint64_
 
 std::vector<Piece> PairSpans(const std::vector<Span>& dst, const std::vector<Span>& src) {
   std::vector<Piece> out;
+  out.reserve(std::max(dst.size(), src.size()));
   size_t i = 0, j = 0;
   uint64_t di = 0, sj = 0;  // bytes used of dst[i], src[j]
   while (i < dst.size() && j < src.size()) {
@@ -84,6 +85,9 @@ absl::Status CopyBytes(void* dst, const void* src, uint64_t n, engine::Device de
 
 absl::Status RunPieces(const std::vector<Piece>& pieces) {
   std::map<int, std::vector<engine::CopyPiece>> by_gpu;
+  if (!pieces.empty() && pieces.front().device.kind == engine::Device::Kind::kCuda) {
+    by_gpu[pieces.front().device.index].reserve(pieces.size());
+  }
   for (const Piece& p : pieces) {
     if (p.device.kind == engine::Device::Kind::kCuda) {
       by_gpu[p.device.index].push_back(p.copy);
