@@ -73,12 +73,16 @@ GetAddressRange AddressRangeFn() {
 bool CudaBuilt() { return true; }
 
 int CudaDeviceCount() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
+  // Asked once: without a driver every call would look for libcuda again.
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  }();
+  return count;
 }
 
 absl::Status CheckCudaDevice(int index) {

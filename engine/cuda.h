@@ -17,7 +17,7 @@ namespace ferry::engine {
 
 // True when this build has CUDA.
 bool CudaBuilt();
-// GPUs this process can use; 0 without a driver or a device (never an error).
+// GPUs this process can use; 0 without a driver or a device (never an error). Read once.
 int CudaDeviceCount();
 // kOk when cuda:`index` exists. kUnimplemented: built without CUDA. kNotFound otherwise,
 // naming how many GPUs there are.

@@ -8,6 +8,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/fabric.h"
 #include "engine/status.h"
@@ -198,9 +199,8 @@ absl::StatusOr<PullStats> Node::ServeRdma(const metadata::ObjectRecord& object, 
     for (const metadata::ObjectExtent& e : object.extents) {
       const Region& r = regions_.at(e.region);
       if (r.engine_id == 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "rdma: region ", e.region, " (", r.info.device.ToString(),
-            ") is not on the rails here; use the staged path"));
+        return Conflict(absl::StrCat("rdma: region ", e.region, " (", r.info.device.ToString(),
+                                     ") ", kNotOnRails, "; use the staged path"));
       }
       t.src.push_back({r.engine_id, e.offset, e.length});
     }
@@ -458,15 +458,19 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
     return j;
   };
   const std::string object_path = "/v1/objects/" + EncodeName(name);
-  ASSIGN_OR_RETURN(nlohmann::json source, get_json("/v1/node"));
-  ASSIGN_OR_RETURN(nlohmann::json described,
-                   get_json(object_path + "?extents=false" +
-                            (version ? absl::StrCat("&version=", *version) : "")));
-  if (!described.contains("size") || !described["size"].is_number_unsigned()) {
-    return absl::UnavailableError("source answered without an object size");
-  }
-  const uint64_t size = described["size"].get<uint64_t>();
-
+  // What the source is (host, rails) and what the object is (size, devices, on the rails).
+  nlohmann::json source = nlohmann::json::object(), described = nlohmann::json::object();
+  uint64_t size = 0;
+  auto ask_source = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(source, get_json("/v1/node"));
+    ASSIGN_OR_RETURN(described, get_json(object_path + "?extents=false" +
+                                         (version ? absl::StrCat("&version=", *version) : "")));
+    if (!described.contains("size") || !described["size"].is_number_unsigned()) {
+      return absl::UnavailableError("source answered without an object size");
+    }
+    size = described["size"].get<uint64_t>();
+    return absl::OkStatus();
+  };
   std::vector<metadata::ObjectExtent> local;
   std::optional<uint64_t> new_region;
   const std::string target = as.empty() ? name : as;
@@ -477,6 +481,7 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
     if (!replace && catalog_->Get(target).ok()) {
       return absl::AlreadyExistsError(absl::StrCat("object '", target, "' exists here"));
     }
+    RETURN_IF_ERROR(ask_source());
     ASSIGN_OR_RETURN(RegionInfo region, AllocateRegion(device, size));
     new_region = region.id;
     local.push_back({region.id, 0, region.size});
@@ -489,6 +494,18 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
   } else {
     return absl::InvalidArgumentError("\"into\" needs \"device\" or \"extents\"");
   }
+  // Into host extents on the rails with no path named (KV-cache pages, say), the pull goes
+  // straight to the rdma path: one request instead of three. A source whose object is off the
+  // rails refuses (kNotOnRails) and the pull is made again on the staged path.
+  bool optimistic = false;
+  if (!new_region && !path) {
+    absl::ReaderMutexLock lock(&mu_);
+    optimistic = std::all_of(local.begin(), local.end(), [this](const metadata::ObjectExtent& e) {
+      auto it = regions_.find(e.region);
+      return it != regions_.end() && it->second.engine_id != 0 && !IsCuda(it->second.info.device);
+    });
+  }
+  if (!new_region && !optimistic) RETURN_IF_ERROR(ask_source());
   auto fail = [&](absl::Status s) {
     if (new_region) IgnoreError(DeleteRegion(*new_region));
     return s;
@@ -592,6 +609,10 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
     if (!s.ok()) ring->Poison();
   }
   awake = engine::AwakeToken();
+  if (optimistic && s.code() == absl::StatusCode::kFailedPrecondition &&
+      absl::StrContains(s.message(), kNotOnRails)) {
+    return Pull(from, name, version, into, as, replace, PullPath::kStaged);
+  }
   if (!s.ok()) return fail(s);
   auto j = nlohmann::json::parse(answer->body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return fail(absl::UnavailableError("bad pull answer"));

@@ -27,6 +27,10 @@ std::string_view PathName(PullPath path);
 // A path's name, or "auto" (nullopt: let ChoosePath decide). kInvalidArgument otherwise.
 absl::StatusOr<std::optional<PullPath>> ParsePath(std::string_view name);
 
+// How a source says that the object cannot go over the rdma path (409): the destination then
+// takes the staged path.
+inline constexpr char kNotOnRails[] = "is not on the rails here";
+
 // What the destination knows when it chooses.
 struct PathFacts {
   bool same_host = false;        // the source's HostId() equals this host's

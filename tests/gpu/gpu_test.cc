@@ -125,6 +125,12 @@ TEST_F(GpuTest, GpuAndHostMemoryMeetThroughTheStagedPath) {
   EXPECT_EQ(Pull("h", {{"device", dst_}}, "h-gpu"), "staged");  // host -> GPU
   EXPECT_TRUE(Read("h-gpu") == host);
   EXPECT_EQ(Pull("g", {{"extents", Scattered(dst_, gpu.size())}}, "x", "staged"), "staged");
+  // Into host extents B registered: B first asks for rdma, A answers that its object is off
+  // the rails, and B makes the pull again on the staged path.
+  const json host_extents = Scattered("host", gpu.size());
+  EXPECT_EQ(Pull("g", {{"extents", host_extents}}, "unused"), "staged");
+  ASSERT_EQ(Client(b_).Put("/v1/objects/g-into-host", json{{"extents", host_extents}}.dump(), kJson)->status, 201);
+  EXPECT_TRUE(Read("g-into-host") == gpu);
   EXPECT_EQ(Pull("g", {{"device", dst_}}, "g-staged", "staged"), "staged");  // forced
   EXPECT_TRUE(Read("g-staged") == gpu);
 }
@@ -132,9 +138,10 @@ TEST_F(GpuTest, GpuAndHostMemoryMeetThroughTheStagedPath) {
 TEST_F(GpuTest, WhatCannotWorkIsRefusedWithItsReason) {
   ASSERT_FALSE(MakeObject(a_, src_, "g", 4).empty());
   auto c = Client(b_);
-  // Debian's libfabric cannot register GPU memory: a forced rdma path is refused.
+  // Debian's libfabric cannot register GPU memory: a forced rdma path is refused (409).
   auto rdma = c.Post("/v1/pulls", json{{"from", a_.url}, {"object", "g"}, {"path", "rdma"}}.dump(), kJson);
-  EXPECT_EQ(rdma->status, 400) << rdma->body;
+  EXPECT_EQ(rdma->status, 409) << rdma->body;
+  EXPECT_THAT(rdma->body, ::testing::HasSubstr("not on the rails"));
   EXPECT_EQ(c.Get("/v1/objects/g")->status, 404);  // nothing published
   auto gone = c.Post("/v1/regions", R"({"device":"cuda:99","size":4096})", kJson);
   EXPECT_EQ(gone->status, 404);
