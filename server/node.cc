@@ -104,6 +104,10 @@ nlohmann::json ToJson(const PullStats& s) {
 }
 
 absl::StatusOr<std::unique_ptr<Node>> Node::Open(const NodeOptions& options) {
+  if (options.staging_slots == 0 || options.staging_slots > 256 ||
+      options.staging_slot_bytes < 4096) {
+    return absl::InvalidArgumentError("staging: 1 to 256 slots of at least 4096 bytes");
+  }
   std::unique_ptr<Node> node(new Node(options));
   std::error_code ec;
   std::filesystem::create_directories(options.data_dir, ec);
@@ -122,10 +126,6 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Open(const NodeOptions& options) {
     if (user) user(sender, payload);
   };
   ASSIGN_OR_RETURN(node->engine_, engine::Engine::Create(eo));
-  if (options.staging_slots == 0 || options.staging_slots > 256 ||
-      options.staging_slot_bytes < 4096) {
-    return absl::InvalidArgumentError("staging: 1 to 256 slots of at least 4096 bytes");
-  }
   node->staging_ = std::make_unique<StagingPool>(*node->engine_, options.staging_slots,
                                                  options.staging_slot_bytes);
   return node;

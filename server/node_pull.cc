@@ -525,7 +525,12 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
                       !described["devices"].empty();
   if (facts.src_all_gpu) {
     for (const auto& d : described["devices"]) {
-      if (!d.is_string() || d.get<std::string>().rfind("cuda:", 0) != 0) facts.src_all_gpu = false;
+      if (!d.is_string()) {
+        facts.src_all_gpu = false;
+        continue;
+      }
+      auto device = engine::Device::Parse(d.get<std::string>());
+      if (!device.ok() || !IsCuda(*device)) facts.src_all_gpu = false;
     }
   }
   facts.dst_all_ipc = true;
