@@ -233,9 +233,11 @@ absl::StatusOr<ObjectInfo> EmbeddedNode::Publish(const std::string& name,
 
 absl::StatusOr<PullResult> EmbeddedNode::PullInto(const std::string& from, const std::string& name,
                                                   const std::vector<Extent>& into) {
-  ASSIGN_OR_RETURN(server::PullStats s, impl_->node->Pull(from, name, std::nullopt,
-                                                          {{"extents", ExtentsJson(into)}}, "",
-                                                          false));
+  std::vector<metadata::ObjectExtent> extents;
+  for (const Extent& e : into) extents.push_back({e.region, e.offset, e.length});
+  ASSIGN_OR_RETURN(server::PullStats s,
+                   impl_->node->Pull(from, name, std::nullopt,
+                                     {{"extents_b64", server::PackExtents(extents)}}, "", false));
   return PullResult{s.bytes, s.seconds, s.path, s.bytes_per_rail};
 }
 

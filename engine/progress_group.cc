@@ -23,9 +23,13 @@ constexpr size_t kPostBurst = 16;
 // Without work a group blocks; with transfers still open elsewhere it wakes this often to
 // check deadlines. Providers without a wait fd (shm here) are polled at this period when idle.
 constexpr absl::Duration kScanPeriod = absl::Milliseconds(1);
-// After an fd wake-up the loop spins this long before it blocks again: on tcp a stream of
+// After its last progress an idle loop spins this long before it blocks: on tcp a stream of
 // incoming WRITEs needs the target to keep calling into the provider (manual progress).
 constexpr absl::Duration kSpinAfterWake = absl::Microseconds(200);
+// With WRITEs in flight or expected, a loop that has seen no progress for this long blocks on
+// the providers' wait fds (for at most kScanPeriod) instead of spinning: on a software
+// provider the kernel's network stack needs the cores a spinning thread would take.
+constexpr absl::Duration kSpinWhileBusy = absl::Microseconds(50);
 // Send slots per rail for control messages.
 constexpr size_t kSendSlots = 32;
 
@@ -153,7 +157,7 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Completion* opened) {
     return;
   }
   opened->Set(absl::OkStatus());
-  absl::Time spin_until = absl::InfinitePast();
+  absl::Time idle_since = absl::InfinitePast();  // the first pass without progress
   while (!stop_.load(std::memory_order_relaxed)) {
     bool worked = DrainInbox();
     bool busy = false;
@@ -171,17 +175,22 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Completion* opened) {
       }
     }
     if (!retiring_.empty()) ReapParts();
-    if (worked || busy) continue;  // spin while there is work
-    if (engine_->awake_.load(std::memory_order_relaxed) > 0) continue;  // WRITEs expected
-    if (absl::Now() < spin_until) continue;
-    Block(!parts_.empty());
-    spin_until = absl::Now() + kSpinAfterWake;
+    if (worked) {
+      idle_since = absl::InfinitePast();
+      continue;
+    }
+    const absl::Time now = absl::Now();
+    if (idle_since == absl::InfinitePast()) idle_since = now;
+    // WRITEs in flight or expected (a destination waiting for a source's pull).
+    const bool expecting = busy || engine_->awake_.load(std::memory_order_relaxed) > 0;
+    if (now - idle_since < (expecting ? kSpinWhileBusy : kSpinAfterWake)) continue;
+    Block(expecting || !parts_.empty());
   }
   Shutdown();
 }
 
-void ProgressGroup::Block(bool has_parts) {
-  int timeout_ms = has_parts ? static_cast<int>(absl::ToInt64Milliseconds(kScanPeriod)) : 1000;
+void ProgressGroup::Block(bool soon) {
+  int timeout_ms = soon ? static_cast<int>(absl::ToInt64Milliseconds(kScanPeriod)) : 1000;
   if (all_fd_) {
     // fi_trywait(3): only block on the fds when the provider says nothing is pending inside.
     for (auto& rs : rails_) {

@@ -172,7 +172,8 @@ class ProgressGroup {
   void MaybeRetire(Part* part);
   void ReapParts();
   void ScanParts();
-  void Block(bool has_parts);
+  // Waits on the rails' wait fds and the inbox; at most kScanPeriod when `soon`, else 1 s.
+  void Block(bool soon);
   void Shutdown();
   WriteOp* QueueFront(RailState& rs);
   void FinishSend(RailState& rs, SendOp* op, const absl::Status& status);

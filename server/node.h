@@ -67,6 +67,11 @@ struct PullStats {
 // [{"region":R,"offset":O,"length":L}, ...] with unsigned fields, or the compact form
 // [[R, O, L], ...] (what nodes send each other). kInvalidArgument otherwise.
 absl::StatusOr<std::vector<metadata::ObjectExtent>> ExtentsFromJson(const nlohmann::json& j);
+// Extents as base64 of little-endian u64 triplets (region, offset, length), the "extents_b64"
+// of pull requests: a KV-cache layout has tens of thousands, and JSON costs microseconds each
+// at both ends.
+std::string PackExtents(const std::vector<metadata::ObjectExtent>& extents);
+absl::StatusOr<std::vector<metadata::ObjectExtent>> UnpackExtents(const std::string& b64);
 
 // The unsigned integer field `name` of `j`. kInvalidArgument when missing or not one.
 absl::StatusOr<uint64_t> UnsignedField(const nlohmann::json& j, const char* name);

@@ -7,7 +7,6 @@
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/fabric.h"
@@ -25,34 +24,15 @@ bool IsCuda(const engine::Device& d) { return d.kind == engine::Device::Kind::kC
 
 uint64_t Chunks(uint64_t size, uint64_t chunk) { return (size + chunk - 1) / chunk; }
 
-// The destination's extents travel between nodes as base64 of little-endian u64 triplets
-// (region, offset, length): a KV-cache layout has tens of thousands, and JSON costs microseconds
-// each at both ends.
-std::string PackExtents(const std::vector<metadata::ObjectExtent>& extents) {
-  std::string raw(extents.size() * 24, '\0');
-  char* p = raw.data();
-  for (const metadata::ObjectExtent& e : extents) {
-    for (uint64_t v : {e.region, e.offset, e.length}) {
-      for (int b = 0; b < 8; ++b) *p++ = static_cast<char>(v >> (8 * b));
-    }
+// A request's extents: "extents_b64" (binary, for big layouts) or "extents" (JSON); empty
+// when it has neither.
+absl::StatusOr<std::vector<metadata::ObjectExtent>> RequestExtents(const nlohmann::json& req) {
+  if (auto b64 = req.find("extents_b64"); b64 != req.end()) {
+    if (!b64->is_string()) return absl::InvalidArgumentError("\"extents_b64\" must be a string");
+    return UnpackExtents(b64->get<std::string>());
   }
-  return absl::Base64Escape(raw);
-}
-
-absl::StatusOr<std::vector<metadata::ObjectExtent>> UnpackExtents(const std::string& b64) {
-  std::string raw;
-  if (!absl::Base64Unescape(b64, &raw) || raw.size() % 24 != 0) {
-    return absl::InvalidArgumentError("\"extents_b64\" is not base64 of (region, offset, length) triplets");
-  }
-  std::vector<metadata::ObjectExtent> out(raw.size() / 24);
-  const auto* p = reinterpret_cast<const unsigned char*>(raw.data());
-  for (metadata::ObjectExtent& e : out) {
-    for (uint64_t* v : {&e.region, &e.offset, &e.length}) {
-      *v = 0;
-      for (int b = 0; b < 8; ++b) *v |= uint64_t{*p++} << (8 * b);
-    }
-  }
-  return out;
+  if (auto extents = req.find("extents"); extents != req.end()) return ExtentsFromJson(*extents);
+  return std::vector<metadata::ObjectExtent>{};
 }
 
 }  // namespace
@@ -89,12 +69,7 @@ absl::StatusOr<Node::PullTarget> Node::ParsePullTarget(const nlohmann::json& req
   if (regions == req.end() || !regions->is_array() || regions->empty()) {
     return absl::InvalidArgumentError("\"regions\" must be a non-empty array of descriptors");
   }
-  std::vector<metadata::ObjectExtent> parsed;
-  if (auto b64 = req.find("extents_b64"); b64 != req.end() && b64->is_string()) {
-    ASSIGN_OR_RETURN(parsed, UnpackExtents(b64->get<std::string>()));
-  } else if (auto extents = req.find("extents"); extents != req.end() && extents->is_array()) {
-    ASSIGN_OR_RETURN(parsed, ExtentsFromJson(*extents));
-  }
+  ASSIGN_OR_RETURN(std::vector<metadata::ObjectExtent> parsed, RequestExtents(req));
   if (parsed.empty()) {
     return absl::InvalidArgumentError("\"extents\" (or \"extents_b64\") must be non-empty");
   }
@@ -485,14 +460,14 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
     ASSIGN_OR_RETURN(RegionInfo region, AllocateRegion(device, size));
     new_region = region.id;
     local.push_back({region.id, 0, region.size});
-  } else if (into.contains("extents")) {
-    ASSIGN_OR_RETURN(local, ExtentsFromJson(into["extents"]));
+  } else if (into.contains("extents") || into.contains("extents_b64")) {
+    ASSIGN_OR_RETURN(local, RequestExtents(into));
     if (local.size() > options_.max_extents) {
       return TooLarge(absl::StrCat(local.size(), " extents; the limit is ", options_.max_extents));
     }
     if (local.empty()) return absl::InvalidArgumentError("\"extents\" is empty");
   } else {
-    return absl::InvalidArgumentError("\"into\" needs \"device\" or \"extents\"");
+    return absl::InvalidArgumentError("\"into\" needs \"device\", \"extents\" or \"extents_b64\"");
   }
   // Into host extents on the rails with no path named (KV-cache pages, say), the pull goes
   // straight to the rdma path: one request instead of three. A source whose object is off the

@@ -24,6 +24,7 @@
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "tests/bench/node_bench.h"
+#include "tests/bench/rails_bench.h"
 #include "tests/bench/gpu_bench.h"
 #include "tests/bench/raw_fabric.h"
 #include "tests/testing/engine_peer.h"
@@ -367,6 +368,17 @@ int main(int argc, char** argv) {
   node->add_option("--objects", nf.objects, "objects in the catalog");
   node->add_option("--ferryd", nf.ferryd, "ferryd to start");
   node->add_flag("--json", nf.json, "one JSON object per row");
+  ferry::bench::RailsFlags rf;
+  rf.ferryd = FERRYD_PATH;
+  CLI::App* rails = app.add_subcommand(
+      "rails", "striping over N shaped veth rails between two namespaces vs iperf3 (needs root)");
+  rails->add_option("--configs", rf.configs, "NxMBIT: N rails at MBIT Mbit/s, comma-separated")
+      ->delimiter(',');
+  rails->add_option("--size", rf.size, "object bytes");
+  rails->add_option("--pieces", rf.pieces, "piece sizes in bytes, comma-separated")->delimiter(',');
+  rails->add_option("--iperf-seconds", rf.iperf_seconds, "iperf3 run per configuration");
+  rails->add_option("--ferryd", rf.ferryd, "ferryd to start");
+  rails->add_flag("--json", rf.json, "one JSON object per row");
 #ifdef FERRY_BENCH_GPU
   ferry::bench::GpuFlags gf;
   gf.ferryd = FERRYD_PATH;
@@ -396,6 +408,19 @@ int main(int argc, char** argv) {
     return ferry::bench::RunGpuBench(gf);
   }
 #endif
+  if (*rails) {
+    for (uint64_t p : rf.pieces) {
+      if (p == 0 || rf.size % p != 0) {
+        std::cerr << "--pieces: each size must divide --size\n";
+        return 2;
+      }
+    }
+    if (rf.iperf_seconds < 1) {
+      std::cerr << "--iperf-seconds must be positive\n";
+      return 2;
+    }
+    return ferry::bench::RunRailsBench(rf);
+  }
   if (*raw) return ferry::bench::RunRawPeer(raw_provider, raw_domain, raw_size);
   if (*node) {
     if (nf.iters < 1 || nf.latency_iters < 1 || nf.objects == 0 || nf.rails == 0) {

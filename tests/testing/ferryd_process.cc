@@ -11,10 +11,9 @@ int FerrydProcess::Stop() {
   return proc->Wait();
 }
 
-absl::StatusOr<FerrydProcess> StartFerryd(const std::string& ferryd,
-                                          const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {ferryd, "--listen", "127.0.0.1:0"};
-  argv.insert(argv.end(), args.begin(), args.end());
+namespace {
+
+absl::StatusOr<FerrydProcess> Launch(const std::vector<std::string>& argv, const std::string& host) {
   FerrydProcess f;
   auto p = Subprocess::Spawn(argv, SIGTERM);
   if (!p.ok()) return p.status();
@@ -25,9 +24,28 @@ absl::StatusOr<FerrydProcess> StartFerryd(const std::string& ferryd,
   if (j.is_discarded() || !j.contains("listen") || !j.contains("node")) {
     return absl::InternalError("ferryd said: " + *line);
   }
-  f.url = "http://" + j["listen"].get<std::string>();
+  const std::string listen = j["listen"].get<std::string>();
+  f.url = "http://" + (host.empty() ? listen : host + listen.substr(listen.rfind(':')));
   f.id = j["node"].get<std::string>();
   return f;
+}
+
+}  // namespace
+
+absl::StatusOr<FerrydProcess> StartFerryd(const std::string& ferryd,
+                                          const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {ferryd, "--listen", "127.0.0.1:0"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return Launch(argv, "");
+}
+
+absl::StatusOr<FerrydProcess> StartFerrydIn(const std::vector<std::string>& prefix,
+                                            const std::string& host, const std::string& ferryd,
+                                            const std::vector<std::string>& args) {
+  std::vector<std::string> argv = prefix;
+  for (const char* a : {ferryd.c_str(), "--listen", "0.0.0.0:0", "--insecure"}) argv.push_back(a);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return Launch(argv, host);
 }
 
 }  // namespace ferry::testing

@@ -24,6 +24,12 @@ struct FerrydProcess {
 absl::StatusOr<FerrydProcess> StartFerryd(const std::string& ferryd,
                                           const std::vector<std::string>& args);
 
+// Starts ferryd through `prefix` (`ip netns exec NS`) listening on every address of its
+// namespace (no token: the namespace is the test's own); `url` names it by `host`.
+absl::StatusOr<FerrydProcess> StartFerrydIn(const std::vector<std::string>& prefix,
+                                            const std::string& host, const std::string& ferryd,
+                                            const std::vector<std::string>& args);
+
 }  // namespace ferry::testing
 
 #endif  // FERRY_TESTS_TESTING_FERRYD_PROCESS_H_

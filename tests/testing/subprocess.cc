@@ -7,10 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "engine/rail.h"
 
@@ -32,7 +34,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   std::unique_ptr<Subprocess> p(new Subprocess());
-  int rc = posix_spawn(&p->pid_, args[0], &actions, nullptr, args.data(), environ);
+  int rc = posix_spawnp(&p->pid_, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   close(in[0]);
   close(out[1]);
@@ -130,6 +132,28 @@ int Subprocess::Wait() {
   }
   Reaped(status);
   return status;
+}
+
+absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv,
+                                       absl::Duration timeout) {
+  auto p = Subprocess::Spawn(argv, SIGKILL);
+  if (!p.ok()) return p.status();
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string out;
+  while (true) {
+    auto line = (*p)->ReadLine(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (!line.ok()) {
+      if (line.status().code() != absl::StatusCode::kUnavailable) return line.status();
+      break;
+    }
+    absl::StrAppend(&out, *line, "\n");
+  }
+  const int status = (*p)->Wait();
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::InternalError(absl::StrCat("`", absl::StrJoin(argv, " "), "` failed (status ",
+                                            status, "): ", out));
+  }
+  return out;
 }
 
 }  // namespace ferry::testing

@@ -17,7 +17,7 @@ namespace ferry::testing {
 
 class Subprocess {
  public:
-  // Starts argv[0] with argv (posix_spawn: no fork of a process that may hold CUDA or
+  // Starts argv[0] (a path, or a name looked up in PATH) with argv (posix_spawnp: no fork of a process that may hold CUDA or
   // libfabric state). stderr is inherited. `stop_signal` is how the destructor asks the child
   // to finish: 0 for a child that ends when its stdin closes, else a signal (SIGTERM).
   static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(const std::vector<std::string>& argv,
@@ -48,6 +48,11 @@ class Subprocess {
   std::string buffer_;
   bool reaped_ = false;
 };
+
+// Runs argv to its end (killed after `timeout`) and returns what it wrote on stdout.
+// kInternal, with the command and its output, when it exits other than with status 0.
+absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv,
+                                       absl::Duration timeout = absl::Seconds(30));
 
 }  // namespace ferry::testing
 

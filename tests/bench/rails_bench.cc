@@ -1,0 +1,251 @@
+// ferry-bench rails: two ferryd in network namespaces joined by N tbf-shaped veth rails; a
+// scattered object pulled from A into B, timed from the pull request to its answer, next to
+// iperf3 over the same rails in the same run.
+#include "tests/bench/rails_bench.h"
+
+#include <httplib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "nlohmann/json.hpp"
+#include "server/node.h"
+#include "tests/testing/ferryd_process.h"
+#include "tests/testing/netns.h"
+#include "tests/testing/subprocess.h"
+
+namespace ferry::bench {
+namespace {
+
+using json = nlohmann::json;
+using testing::TestBed;
+
+// CPU seconds (user + system) a process has used so far.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(field);  // utime, stime
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// `size` bytes of `region` as pieces of `piece` bytes in a shuffled order.
+std::vector<metadata::ObjectExtent> Scattered(uint64_t region, uint64_t size, uint64_t piece,
+                                              uint32_t seed) {
+  std::vector<uint64_t> order(size / piece);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(seed));
+  std::vector<metadata::ObjectExtent> extents;
+  for (uint64_t i : order) extents.push_back({region, i * piece, piece});
+  return extents;
+}
+
+absl::StatusOr<uint64_t> NewRegion(httplib::Client& c, uint64_t size) {
+  auto r = c.Post("/v1/regions", json{{"size", size}}.dump(), "application/json");
+  if (!r || r->status != 201) {
+    return absl::UnavailableError("POST /v1/regions: " + (r ? r->body : std::string("no answer")));
+  }
+  return json::parse(r->body)["id"].get<uint64_t>();
+}
+
+// Sum of what N concurrent iperf3 streams (A -> B, one per rail) delivered, bits/s.
+absl::StatusOr<double> Iperf(const TestBed& bed, int seconds) {
+  const size_t n = bed.options().rails;
+  std::vector<std::unique_ptr<testing::Subprocess>> servers;
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<std::string> argv = bed.Exec(TestBed::kB);
+    for (std::string a : {std::string("iperf3"), std::string("-s"), std::string("-1"),
+                          std::string("-B"), bed.RailAddress(TestBed::kB, i), std::string("-p"),
+                          std::to_string(5201 + i)}) {
+      argv.push_back(a);
+    }
+    auto s = testing::Subprocess::Spawn(argv, SIGTERM);
+    if (!s.ok()) return s.status();
+    servers.push_back(std::move(*s));
+  }
+  absl::SleepFor(absl::Milliseconds(500));  // the servers listen
+  std::vector<absl::StatusOr<std::string>> out(n, absl::UnknownError("not run"));
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < n; ++i) {
+    clients.emplace_back([&, i] {
+      std::vector<std::string> argv = bed.Exec(TestBed::kA);
+      for (std::string a : {std::string("iperf3"), std::string("-J"), std::string("-c"),
+                            bed.RailAddress(TestBed::kB, i), std::string("-B"),
+                            bed.RailAddress(TestBed::kA, i), std::string("-p"),
+                            std::to_string(5201 + i), std::string("-t"), std::to_string(seconds)}) {
+        argv.push_back(a);
+      }
+      out[i] = testing::RunCommand(argv, absl::Seconds(seconds + 30));
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  double bps = 0;
+  for (auto& o : out) {
+    if (!o.ok()) return o.status();
+    auto j = json::parse(*o, nullptr, false);
+    if (j.is_discarded() || !j.contains("end")) return absl::InternalError("iperf3 said: " + *o);
+    bps += j["end"]["sum_received"]["bits_per_second"].get<double>();
+  }
+  return bps;
+}
+
+struct Config {
+  size_t rails = 0;
+  uint64_t mbit = 0;
+};
+
+absl::StatusOr<Config> ParseConfig(const std::string& s) {
+  Config c;
+  const size_t x = s.find('x');
+  if (x == std::string::npos || !absl::SimpleAtoi(s.substr(0, x), &c.rails) ||
+      !absl::SimpleAtoi(s.substr(x + 1), &c.mbit) || c.rails == 0 || c.mbit == 0) {
+    return absl::InvalidArgumentError("--configs: want NxMBIT, e.g. 8x500, not '" + s + "'");
+  }
+  return c;
+}
+
+absl::Status RunConfig(const RailsFlags& f, const Config& c, const std::filesystem::path& dir) {
+  auto bed = TestBed::Create({.rails = c.rails, .rate_mbit = c.mbit});
+  if (!bed.ok()) return bed.status();
+  auto iperf = Iperf(**bed, f.iperf_seconds);
+  if (!iperf.ok()) return iperf.status();
+  const double line_bps = static_cast<double>(c.rails) * static_cast<double>(c.mbit) * 1e6;
+
+  std::vector<std::string> args = {"--provider", "tcp", "--rails", "0"};
+  testing::FerrydProcess nodes[2];
+  for (TestBed::Side side : {TestBed::kA, TestBed::kB}) {
+    std::vector<std::string> a = args;
+    a.push_back("--data-dir");
+    a.push_back((dir / (side == TestBed::kA ? "a" : "b")).string());
+    for (size_t i = 0; i < c.rails; ++i) {
+      a.push_back("--domain");
+      a.push_back((*bed)->RailInterface(side, i));
+    }
+    auto p = testing::StartFerrydIn((*bed)->Exec(side), (*bed)->HostAddress(side), f.ferryd, a);
+    if (!p.ok()) return p.status();
+    nodes[side] = std::move(*p);
+  }
+  httplib::Client ca(nodes[0].url), cb(nodes[1].url);
+  ca.set_read_timeout(600);
+  cb.set_read_timeout(600);
+  const std::string a_peer_url =
+      absl::StrCat("http://", (*bed)->PeerAddress(TestBed::kA),
+                   nodes[0].url.substr(nodes[0].url.rfind(':')));
+  auto src = NewRegion(ca, f.size);
+  auto dst = NewRegion(cb, f.size);
+  if (!src.ok()) return src.status();
+  if (!dst.ok()) return dst.status();
+
+  // Big layouts go as "extents_b64", as a client with KV-cache pages sends them.
+  auto pull = [&](const std::string& name, const std::vector<metadata::ObjectExtent>& into)
+      -> absl::StatusOr<json> {
+    const json body = {{"from", a_peer_url},
+                       {"object", name},
+                       {"into", {{"extents_b64", server::PackExtents(into)}}}};
+    auto r = cb.Post("/v1/pulls", body.dump(), "application/json");
+    if (!r || r->status != 200) {
+      return absl::UnavailableError("pull: " + (r ? r->body : std::string("no answer")));
+    }
+    return json::parse(r->body);
+  };
+  // First contact (peer insertion, every rail pair warmed) is not what is measured.
+  ca.Put("/v1/objects/warm", json{{"extents", json::array({json::array({*src, 0, 4096})})}}.dump(),
+         "application/json");
+  if (auto w = pull("warm", {{*dst, 0, 4096}}); !w.ok()) return w.status();
+
+  for (uint64_t piece : f.pieces) {
+    const std::string name = absl::StrCat("scattered-", piece);
+    json layout = json::array();
+    for (const auto& e : Scattered(*src, f.size, piece, 1)) {
+      layout.push_back(json::array({e.region, e.offset, e.length}));
+    }
+    auto put = ca.Put(("/v1/objects/" + name).c_str(), json{{"extents", layout}}.dump(),
+                      "application/json");
+    if (!put || put->status / 100 != 2) return absl::UnavailableError("publish failed");
+    const auto into = Scattered(*dst, f.size, piece, 2);
+    const double cpu_a = CpuSeconds(nodes[0].proc->pid()), cpu_b = CpuSeconds(nodes[1].proc->pid());
+    const absl::Time t = absl::Now();
+    auto stats = pull(name, into);
+    const double secs = absl::ToDoubleSeconds(absl::Now() - t);
+    if (!stats.ok()) return stats.status();
+    const double gb = static_cast<double>(f.size) / 1e9;
+    const double cpu_src = (CpuSeconds(nodes[0].proc->pid()) - cpu_a) / gb;
+    const double cpu_dst = (CpuSeconds(nodes[1].proc->pid()) - cpu_b) / gb;
+    const auto per_rail = (*stats)["bytes_per_rail"].get<std::vector<uint64_t>>();
+    const auto [lo, hi] = std::minmax_element(per_rail.begin(), per_rail.end());
+    const double eff = static_cast<double>(f.size) * 8 / secs / line_bps;
+    const double ceiling = *iperf / line_bps;
+    if (f.json) {
+      std::cout << json{{"bench", "rails"}, {"rails", c.rails}, {"mbit_per_rail", c.mbit},
+                        {"piece", piece}, {"bytes", f.size}, {"seconds", secs}, {"source_seconds", (*stats)["seconds"]},
+                        {"goodput_mbit", static_cast<double>(f.size) * 8 / secs / 1e6},
+                        {"efficiency", eff}, {"iperf3_efficiency", ceiling},
+                        {"ratio_to_iperf3", eff / ceiling}, {"bytes_per_rail", per_rail},
+                        {"cpu_s_per_gb_source", cpu_src}, {"cpu_s_per_gb_destination", cpu_dst}}
+                       .dump()
+                << std::endl;
+    } else {
+      std::printf("%5zu %6llu %8llu %8.3f %9.1f %7.2f%% %7.2f%% %6.3f %11.4f %9.2f %9.2f\n", c.rails,
+                  static_cast<unsigned long long>(c.mbit), static_cast<unsigned long long>(piece),
+                  secs, static_cast<double>(f.size) * 8 / secs / 1e6, 100 * eff, 100 * ceiling,
+                  eff / ceiling, static_cast<double>(*lo) / static_cast<double>(*hi), cpu_src,
+                  cpu_dst);
+      std::fflush(stdout);
+    }
+    ca.Delete(("/v1/objects/" + name).c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunRailsBench(const RailsFlags& f) {
+  std::vector<Config> configs;
+  for (const std::string& s : f.configs) {
+    auto c = ParseConfig(s);
+    if (!c.ok()) {
+      std::cerr << c.status().message() << "\n";
+      return 2;
+    }
+    configs.push_back(*c);
+  }
+  if (!f.json) {
+    std::printf("# ferry-bench rails: %llu-byte scattered object pulled A -> B over N veth rails "
+                "(MTU 9000, tbf each way), tcp provider; iperf3: N streams, %d s\n",
+                static_cast<unsigned long long>(f.size), f.iperf_seconds);
+    std::printf("%5s %6s %8s %8s %9s %8s %8s %6s %11s %9s %9s\n", "rails", "Mbit", "piece",
+                "seconds", "Mbit/s", "effic.", "iperf3", "ratio", "min/max rail", "cpu s/GB A",
+                "cpu s/GB B");
+  }
+  const auto dir = std::filesystem::temp_directory_path() / ("ferry-bench-rails-" + std::to_string(getpid()));
+  for (const Config& c : configs) {
+    std::filesystem::remove_all(dir);
+    absl::Status s = RunConfig(f, c, dir);
+    std::filesystem::remove_all(dir);
+    if (!s.ok()) {
+      std::cerr << c.rails << " rails: " << s << "\n";
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace ferry::bench

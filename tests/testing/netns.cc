@@ -1,0 +1,169 @@
+#include "tests/testing/netns.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "tests/testing/subprocess.h"
+
+namespace ferry::testing {
+namespace {
+
+constexpr char kNsPrefix[] = "ferry-tb-";
+constexpr size_t kMaxRails = 64;
+
+std::vector<std::string> Words(const std::string& s) {
+  std::vector<std::string> out;
+  for (absl::string_view w : absl::StrSplit(s, ' ', absl::SkipEmpty())) out.emplace_back(w);
+  return out;
+}
+
+absl::Status Run(const std::vector<std::string>& argv) { return RunCommand(argv).status(); }
+
+// Deletes the namespaces of beds whose process is gone (killed before its destructor ran).
+void RemoveLeftovers() {
+  auto list = RunCommand({"ip", "netns", "list"});
+  if (!list.ok()) return;
+  for (absl::string_view line : absl::StrSplit(*list, '\n', absl::SkipEmpty())) {
+    const std::string name(line.substr(0, line.find(' ')));
+    if (name.rfind(kNsPrefix, 0) != 0) continue;
+    const std::string rest = name.substr(sizeof(kNsPrefix) - 1);
+    int pid = 0;
+    if (!absl::SimpleAtoi(rest.substr(0, rest.find('-')), &pid) || pid <= 0) continue;
+    if (kill(pid, 0) != 0 && errno == ESRCH) (void)Run({"ip", "netns", "del", name});
+  }
+}
+
+}  // namespace
+
+TestBed::TestBed(const TestBedOptions& options) : options_(options), tag_(std::to_string(getpid())) {
+  ns_[kA] = absl::StrCat(kNsPrefix, tag_, "-a");
+  ns_[kB] = absl::StrCat(kNsPrefix, tag_, "-b");
+}
+
+TestBed::~TestBed() {
+  for (const std::string& ns : ns_) (void)Run({"ip", "netns", "del", ns});
+}
+
+absl::StatusOr<std::unique_ptr<TestBed>> TestBed::Create(const TestBedOptions& options) {
+  if (geteuid() != 0) return absl::FailedPreconditionError("the netns test bed needs root");
+  if (options.rails == 0 || options.rails > kMaxRails) {
+    return absl::InvalidArgumentError(absl::StrCat("rails must be within 1..", kMaxRails));
+  }
+  RemoveLeftovers();
+  std::unique_ptr<TestBed> bed(new TestBed(options));
+  absl::Status s = bed->Build();
+  if (!s.ok()) return s;  // the destructor removes what was made
+  return bed;
+}
+
+std::string TestBed::RailInterface(Side side, size_t i) const {
+  return absl::StrCat(side == kA ? "fa" : "fb", i);
+}
+
+std::string TestBed::RailAddress(Side side, size_t i) const {
+  return absl::StrCat("10.214.", i, ".", side == kA ? 1 : 2);
+}
+
+std::string TestBed::PeerAddress(Side side) const {
+  return absl::StrCat("10.213.0.", side == kA ? 1 : 2);
+}
+
+std::string TestBed::HostAddress(Side side) const {
+  return absl::StrCat("10.213.", side == kA ? 1 : 2, ".2");
+}
+
+absl::Status TestBed::Ip(Side side, const std::string& args) {
+  std::vector<std::string> argv = {"ip", "-n", ns_[side]};
+  for (std::string& w : Words(args)) argv.push_back(std::move(w));
+  return Run(argv);
+}
+
+absl::Status TestBed::Build() {
+  for (Side side : {kA, kB}) {
+    if (absl::Status s = Run({"ip", "netns", "add", ns_[side]}); !s.ok()) return s;
+    // Rails share no subnet, and a source with more rails than its peer reaches the peer's
+    // rails through its own first ones: answers come back on another veth (no reverse-path
+    // filter).
+    if (absl::Status s = Run({"ip", "netns", "exec", ns_[side], "sh", "-c",
+                              "for f in /proc/sys/net/ipv4/conf/*/rp_filter; do echo 0 > $f; done"});
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = Ip(side, "link set lo up"); !s.ok()) return s;
+  }
+  auto link = [this](const std::string& a_if, const std::string& b_if, const std::string& a_addr,
+                     const std::string& b_addr, int mtu) -> absl::Status {
+    if (absl::Status s = Run(Words(absl::StrCat("ip link add ", a_if, " netns ", ns_[kA],
+                                                " type veth peer name ", b_if, " netns ", ns_[kB])));
+        !s.ok()) {
+      return s;
+    }
+    for (auto [side, ifname, addr] : {std::tuple{kA, a_if, a_addr}, std::tuple{kB, b_if, b_addr}}) {
+      if (absl::Status s = Ip(side, absl::StrCat("addr add ", addr, "/24 dev ", ifname)); !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = Ip(side, absl::StrCat("link set ", ifname, " mtu ", mtu, " up"));
+          !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = link("fc", "fc", PeerAddress(kA), PeerAddress(kB), 1500); !s.ok()) return s;
+  for (size_t i = 0; i < options_.rails; ++i) {
+    if (absl::Status s = link(RailInterface(kA, i), RailInterface(kB, i), RailAddress(kA, i),
+                              RailAddress(kB, i), options_.mtu);
+        !s.ok()) {
+      return s;
+    }
+    if (options_.rate_mbit == 0) continue;
+    // Burst: 2 ms at the rate, and at least one 64 KiB GSO packet; the queue holds 50 ms.
+    const uint64_t burst = std::max<uint64_t>(65536, options_.rate_mbit * 1000000 / 8 / 500);
+    for (Side side : {kA, kB}) {
+      const std::string tc = absl::StrCat("tc -n ", ns_[side], " qdisc add dev ",
+                                          RailInterface(side, i), " root tbf rate ",
+                                          options_.rate_mbit, "mbit burst ", burst, " latency 50ms");
+      if (absl::Status s = Run(Words(tc)); !s.ok()) return s;
+    }
+  }
+  // This process reaches each side over a veth of its own, named after the process.
+  for (Side side : {kA, kB}) {
+    const std::string host_if = absl::StrCat("fh", tag_, side == kA ? "a" : "b");
+    const std::string host_addr = absl::StrCat("10.213.", side == kA ? 1 : 2, ".1/24");
+    if (absl::Status s = Run(Words(absl::StrCat("ip link add ", host_if, " type veth peer name fh netns ",
+                                                ns_[side])));
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = Run(Words(absl::StrCat("ip addr add ", host_addr, " dev ", host_if)));
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = Run(Words(absl::StrCat("ip link set ", host_if, " up"))); !s.ok()) return s;
+    if (absl::Status s = Ip(side, absl::StrCat("addr add ", HostAddress(side), "/24 dev fh"));
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = Ip(side, "link set fh up"); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TestBed::SetRail(size_t i, bool up) {
+  if (i >= options_.rails) return absl::InvalidArgumentError("no such rail");
+  for (Side side : {kA, kB}) {
+    if (absl::Status s = Ip(side, absl::StrCat("link set ", RailInterface(side, i), up ? " up" : " down"));
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ferry::testing
