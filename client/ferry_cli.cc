@@ -9,6 +9,8 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
+#include "engine/engine.h"
+#include "engine/topology.h"
 #include "ferry/client.h"
 
 namespace {
@@ -53,6 +55,21 @@ int Fail(const absl::Status& s) {
   }
 }
 
+// `ferry topo`: the placement ferryd makes with --rails 0 (needs no node).
+int Topo(const std::string& xml, const std::string& provider) {
+  auto t = xml.empty() ? ferry::engine::Topology::Discover() : ferry::engine::Topology::FromXml(xml);
+  if (!t.ok()) return Fail(t.status());
+  std::vector<ferry::engine::NicRef> nics = (*t)->Nics();
+  if (!provider.empty()) {
+    auto listed = ferry::engine::ProviderNics(provider);
+    if (!listed.ok()) return Fail(listed.status());
+    nics = *listed;
+  }
+  std::printf("%zu GPU(s), %zu NIC(s)\n%s", (*t)->Gpus().size(), nics.size(),
+              ferry::engine::DescribePlacement((*t)->Place(nics)).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -86,7 +103,14 @@ int main(int argc, char** argv) {
   pull->add_option("--device", device, "where the copy goes: host or cuda:N")
       ->capture_default_str();
   pull->add_option("--path", path, "auto, rdma, cuda_ipc or staged")->capture_default_str();
+  std::string xml, provider;
+  auto* topo = app.add_subcommand(
+      "topo", "print where rails go on this machine: GPU -> NICs -> NUMA node -> cores");
+  topo->add_option("--xml", xml, "an hwloc XML topology (and its NICs) instead of this machine");
+  topo->add_option("--provider", provider,
+                   "take the NICs from this libfabric provider's domains (default: hwloc's)");
   CLI11_PARSE(app, argc, argv);
+  if (*topo) return Topo(xml, provider);
 
   const char* token = std::getenv("FERRY_TOKEN");
   auto client = ferry::Client::Connect(*pull && !to.empty() ? to : node, token ? token : "");

@@ -4,6 +4,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "engine/control.h"
 #include "engine/cuda.h"
 #include "engine/planner.h"
@@ -53,7 +55,37 @@ InfoPtr MakeHints(const std::string& prov_filter, bool hmem, bool delivery_compl
   return hints;
 }
 
+// The NIC's PCI address as hwloc writes it, when the provider reports one.
+std::string PciAddress(const fi_info& info) {
+  if (info.nic == nullptr || info.nic->bus_attr == nullptr ||
+      info.nic->bus_attr->bus_type != FI_BUS_PCI) {
+    return "";
+  }
+  const auto& p = info.nic->bus_attr->attr.pci;
+  return absl::StrFormat("%04x:%02x:%02x.%x", p.domain_id, p.bus_id, p.device_id, p.function_id);
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<NicRef>> ProviderNics(std::string_view provider) {
+  ASSIGN_OR_RETURN(std::string filter, ProviderFilter(provider));
+  InfoPtr hints = MakeHints(filter, false, false, false);
+  fi_info* list = nullptr;
+  const int rc = fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints.get(), &list);
+  InfoPtr owned(list);
+  if (rc != 0 || list == nullptr) {
+    return absl::NotFoundError(absl::StrCat("provider '", std::string(provider), "' offers no domain"));
+  }
+  std::vector<NicRef> out;
+  for (const fi_info* i = list; i != nullptr; i = i->next) {
+    if (std::string_view(i->fabric_attr->prov_name) != list->fabric_attr->prov_name) continue;
+    if (std::none_of(out.begin(), out.end(),
+                     [&](const NicRef& n) { return n.name == i->domain_attr->name; })) {
+      out.push_back({i->domain_attr->name, PciAddress(*i)});
+    }
+  }
+  return out;
+}
 
 absl::StatusOr<TransferStats> Transfer::Wait(absl::Time deadline) const {
   TransferState& s = *state_;
@@ -178,27 +210,71 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       domains.push_back(i);
     }
   }
-  const size_t nrails = options.rails == 0 ? domains.size() : options.rails;
-  const size_t nthreads = std::min(options.progress_threads, nrails);
-
   std::unique_ptr<Engine> engine(new Engine(options));
   engine->node_id_ = options.node_id.empty() ? RandomId() : options.node_id;
-  std::vector<std::vector<InfoPtr>> per_group(nthreads);
-  for (size_t r = 0; r < nrails; ++r) {
-    const size_t g = r % nthreads;
-    engine->rail_refs_.push_back({g, per_group[g].size()});
-    per_group[g].emplace_back(fi_dupinfo(domains[r % domains.size()]));
+  // Rails by group: placed by the machine's topology (one group per GPU with NICs, then the
+  // host group), or dealt round robin to progress_threads groups.
+  std::vector<std::vector<const fi_info*>> per_group;
+  std::vector<RailGroup> placement;
+  std::unique_ptr<Topology> topology;
+  if (options.topology && options.rails == 0) {
+    auto discovered = Topology::Discover();
+    if (discovered.ok()) {
+      topology = std::move(*discovered);
+      std::vector<NicRef> nics;
+      for (const fi_info* d : domains) nics.push_back({d->domain_attr->name, PciAddress(*d)});
+      for (RailGroup& g : topology->Place(nics)) {
+        if (g.nics.empty()) continue;
+        auto& infos = per_group.emplace_back();
+        for (const NicRef& n : g.nics) {
+          infos.push_back(*std::find_if(domains.begin(), domains.end(), [&](const fi_info* d) {
+            return n.name == d->domain_attr->name;
+          }));
+        }
+        placement.push_back(std::move(g));
+      }
+    } else {
+      spdlog::warn("no topology ({}): rails are not placed", discovered.status().ToString());
+    }
+  }
+  if (per_group.empty()) {
+    const size_t nrails = options.rails == 0 ? domains.size() : options.rails;
+    per_group.resize(std::min(options.progress_threads, nrails));
+    for (size_t r = 0; r < nrails; ++r) {
+      per_group[r % per_group.size()].push_back(domains[r % domains.size()]);
+    }
+  }
+  // Engine rails are numbered round robin over the groups (rail r is in group r % groups),
+  // so that every group appears among the first rails.
+  const size_t nthreads = per_group.size();
+  size_t nrails = 0;
+  for (const auto& g : per_group) nrails += g.size();
+  for (size_t k = 0; engine->rail_refs_.size() < nrails; ++k) {
+    for (size_t g = 0; g < nthreads; ++g) {
+      if (k < per_group[g].size()) engine->rail_refs_.push_back({g, k});
+    }
   }
   for (size_t g = 0; g < nthreads; ++g) {
-    ASSIGN_OR_RETURN(auto group,
-                     ProgressGroup::Start(engine.get(), g, std::move(per_group[g]),
-                                          engine->options_));
+    std::vector<InfoPtr> infos;
+    for (const fi_info* i : per_group[g]) infos.emplace_back(fi_dupinfo(i));
+    ProgressGroup::Binder bind;
+    if (g < placement.size()) {
+      bind = [t = topology.get(), &group = placement[g]] { return t->Bind(group); };
+    }
+    ASSIGN_OR_RETURN(auto group, ProgressGroup::Start(engine.get(), g, std::move(infos),
+                                                      engine->options_, std::move(bind)));
     engine->groups_.push_back(std::move(group));
   }
   engine->max_write_ = options.max_write;
   engine->cq_data_size_ = 8;
   for (const RailRef& ref : engine->rail_refs_) {
-    const RailInfo& ri = engine->groups_[ref.group]->rail_info(ref.index_in_group);
+    RailInfo ri = engine->groups_[ref.group]->rail_info(ref.index_in_group);
+    if (ref.group < placement.size()) {
+      const RailGroup& g = placement[ref.group];
+      ri.placement = absl::StrCat(g.gpu < 0 ? std::string("host") : absl::StrCat("gpu", g.gpu),
+                                  ", numa ", absl::StrJoin(g.numa_nodes, ","), ", cores ",
+                                  absl::StrJoin(g.cores, ","));
+    }
     engine->rails_.push_back(ri);
     engine->max_write_ = std::min(engine->max_write_, ri.max_msg_size);
     engine->cq_data_size_ = std::min(engine->cq_data_size_, ri.cq_data_size);
@@ -391,6 +467,13 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
   return id;
 }
 
+size_t Engine::EngineRail(size_t group, size_t index) const {
+  for (size_t r = 0; r < rail_refs_.size(); ++r) {
+    if (rail_refs_[r].group == group && rail_refs_[r].index_in_group == index) return r;
+  }
+  return 0;  // unreachable for a rail the group has
+}
+
 std::vector<uint64_t> Engine::GroupAddresses(size_t group,
                                              const std::vector<uint64_t>& fi_addrs) const {
   std::vector<uint64_t> out(groups_[group]->rail_count(), FI_ADDR_NOTAVAIL);
@@ -506,10 +589,22 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
     }
     std::vector<std::unique_ptr<Part>> parts(groups_.size());
     for (size_t r = 0; r < rails_.size(); ++r) {
-      auto& part = parts[rail_refs_[r].group];
+      const size_t g = rail_refs_[r].group;
+      auto& part = parts[g];
       if (!part) {
+        // What moving a WRITE to another rail of the group takes (rail failover).
         part = std::make_unique<Part>();
         part->transfer = state;
+        const size_t n = groups_[g]->rail_count();
+        part->dest = GroupAddresses(g, fi_addrs);
+        for (auto& [id, region] : local) {
+          auto& descs = part->src_descs[id];
+          for (size_t k = 0; k < n; ++k) descs.push_back(region.descs[EngineRail(g, k)]);
+        }
+        for (const RegionDescriptor& d : req.dst_regions) {
+          auto& keys = part->dst_keys.emplace_back();
+          for (size_t k = 0; k < n; ++k) keys.push_back(d.keys[EngineRail(g, k) % remote_rails]);
+        }
       }
       part->unresolved += plan.rails[r].size();
     }
@@ -531,6 +626,8 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
         op.remote_addr = dst.RemoteAddress(w.dst_offset);
         op.key = dst.keys[r % remote_rails];
         op.dest = fi_addrs[r];
+        op.src_region = w.src_region;
+        op.dst_region = w.dst_region;
         op.deliver = !rails_[r].ordered_writes || w.length > rails_[r].max_order_waw_size;
         last_rail = r;
       }

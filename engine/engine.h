@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "engine/topology.h"
 #include "engine/types.h"
 
 namespace ferry::engine {
@@ -36,6 +37,11 @@ struct EngineOptions {
   // Progress threads; rails are dealt to them round robin (a rail group per thread).
   // Default: 1.
   size_t progress_threads = 1;
+  // With rails = 0: place the rails by the machine's topology (hwloc) instead: one group per
+  // GPU with the NICs under its PCIe switch, then a host-memory group with the other NICs;
+  // each group's progress thread is pinned to the cores of its GPU's NUMA node before it opens
+  // its rails (progress_threads is then not used). Default: false.
+  bool topology = false;
   // This engine's node id, carried in region descriptors and control messages. Default: empty
   // (a random id is chosen).
   std::string node_id;
@@ -51,10 +57,22 @@ struct EngineOptions {
   size_t recv_pool = 64;
   // Largest control message payload. Default: 4096.
   size_t max_control = 4096;
+  // A rail with WRITEs to a peer in flight and none completing for this long is taken as down
+  // for that peer (a link that drops everything reports no error on tcp); a WRITE that fails
+  // on a rail takes it down at once. Its WRITEs go again on the group's other rails, and the
+  // rail rests for rail_backoff before new WRITEs to that peer try it again; each failure in
+  // a row doubles the rest, up to rail_backoff_max. Defaults: 2 s, 1 s, 30 s.
+  absl::Duration rail_stall_timeout = absl::Seconds(2);
+  absl::Duration rail_backoff = absl::Seconds(1);
+  absl::Duration rail_backoff_max = absl::Seconds(30);
   // Called on a progress thread for every control message a peer sends: sender's node id and
   // the payload. Must not block. Default: none (messages are dropped).
   std::function<void(std::string_view sender, std::string_view payload)> on_control;
 };
+
+// The domains (NICs) a provider offers on this machine, with their PCI addresses where it
+// reports them. kInvalidArgument: unknown provider. kNotFound: it offers none.
+absl::StatusOr<std::vector<NicRef>> ProviderNics(std::string_view provider);
 
 // One rail as a peer sees it.
 struct RailInfo {
@@ -75,6 +93,8 @@ struct RailInfo {
   // not (for example "fi_mr_regattr: Function not implemented").
   bool hmem_cuda = false;
   std::string hmem_cuda_error;
+  // Where the topology put it ("gpu0, numa 0, cores 0,1,2"); empty when it was not placed.
+  std::string placement;
 };
 
 // How to reach a peer: its node id and one address per rail (RailInfo::address).
@@ -87,7 +107,11 @@ struct TransferStats {
   uint64_t bytes = 0;
   uint64_t writes = 0;
   double seconds = 0;  // from submission to the last completion
-  std::vector<uint64_t> bytes_per_rail;
+  std::vector<uint64_t> bytes_per_rail;  // where the bytes went, re-sent ones included
+  // WRITEs sent again on another rail after theirs failed or stalled, and the rails (engine
+  // indices) that failed during the transfer.
+  uint64_t rerouted_writes = 0;
+  std::vector<size_t> failed_rails;
 };
 
 // What to move: local source extents (region = RegionId) into remote destination extents
@@ -236,6 +260,8 @@ class Engine {
   void OnImmediate(uint64_t tag);
   void OnControl(std::string_view frame);
   void ReleaseRegions(const std::vector<RegionId>& regions);
+  // The engine index of rail `index` of `group`.
+  size_t EngineRail(size_t group, size_t index) const;
   // Of per-engine-rail addresses, those of `group`'s rails, indexed by rail within the group.
   std::vector<uint64_t> GroupAddresses(size_t group, const std::vector<uint64_t>& fi_addrs) const;
 

@@ -65,7 +65,8 @@ ProgressGroup::ProgressGroup(Engine* engine, size_t index, const EngineOptions& 
     : engine_(engine), index_(index), options_(options) {}
 
 absl::StatusOr<std::unique_ptr<ProgressGroup>> ProgressGroup::Start(
-    Engine* engine, size_t index, std::vector<InfoPtr> infos, const EngineOptions& options) {
+    Engine* engine, size_t index, std::vector<InfoPtr> infos, const EngineOptions& options,
+    Binder bind) {
   std::unique_ptr<ProgressGroup> group(new ProgressGroup(engine, index, options));
   group->event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   group->epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -77,7 +78,8 @@ absl::StatusOr<std::unique_ptr<ProgressGroup>> ProgressGroup::Start(
   ev.data.fd = group->event_fd_;
   epoll_ctl(group->epoll_fd_, EPOLL_CTL_ADD, group->event_fd_, &ev);
   Completion opened;
-  group->thread_ = std::thread(&ProgressGroup::Main, group.get(), std::move(infos), &opened);
+  group->thread_ =
+      std::thread(&ProgressGroup::Main, group.get(), std::move(infos), std::move(bind), &opened);
   absl::Status s = opened.Wait(absl::InfiniteFuture());
   if (!s.ok()) return s;  // the destructor joins the thread, which has already returned
   return group;
@@ -149,8 +151,10 @@ absl::Status ProgressGroup::OpenRails(std::vector<InfoPtr> infos) {
   return absl::OkStatus();
 }
 
-void ProgressGroup::Main(std::vector<InfoPtr> infos, Completion* opened) {
-  absl::Status s = OpenRails(std::move(infos));
+void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* opened) {
+  // Pinned first, so that the CQs, queues and buffers the rails allocate are NUMA-local.
+  absl::Status s = bind ? bind() : absl::OkStatus();
+  if (s.ok()) s = OpenRails(std::move(infos));
   if (!s.ok()) {
     Shutdown();
     opened->Set(s);
@@ -314,6 +318,7 @@ bool ProgressGroup::PostWrites(RailState& rs) {
   };
   while (op != nullptr && room(op)) {
     rs.queue.pop_front();
+    rs.queued_bytes -= op->length;
     WriteOp* next = QueueFront(rs);
     ++burst;
     ++rs.in_flight;  // counted before the post: `more` must know whether `next` fits
@@ -342,7 +347,7 @@ bool ProgressGroup::PostWrites(RailState& rs) {
     if (rc == -FI_EAGAIN) {
       --rs.in_flight;
       rs.in_flight_bytes -= op->length;
-      rs.queue.push_front(op);
+      Enqueue(op->rail, op, /*front=*/true);
       break;
     }
     if (burst == kPostBurst) burst = 0;
@@ -350,6 +355,9 @@ bool ProgressGroup::PostWrites(RailState& rs) {
       OnWriteDone(op, FiError(rc, "fi_writemsg"));
       next = QueueFront(rs);  // the failure may have purged the queue
     } else {
+      op->posted = true;
+      PeerHealth& h = rs.health[op->part->transfer->peer];
+      if (h.in_flight++ == 0) h.last_progress = absl::Now();
       posted = true;
     }
     op = next;
@@ -406,9 +414,14 @@ void ProgressGroup::AddPart(std::unique_ptr<Part> part) {
   Part* p = part.get();
   parts_.emplace(p, std::move(part));
   TransferState& t = *p->transfer;
+  const absl::Time now = absl::Now();
   for (WriteOp& op : p->ops) {
     if (&op == t.tail) continue;
-    rails_[op.rail]->queue.push_back(&op);
+    if (!Usable(op.rail, t.peer, now)) {  // a resting rail: another one takes its share
+      const int k = PickRail(t.peer, op.rail, now);
+      if (k >= 0) Retarget(&op, static_cast<size_t>(k));
+    }
+    Enqueue(op.rail, &op);
   }
   if (p->data_unresolved == 0 && t.tail_part == p && t.parts_data_pending.load() == 0) {
     QueueTail(p->transfer);  // the tail is the transfer's only WRITE
@@ -422,7 +435,22 @@ void ProgressGroup::QueueTail(const std::shared_ptr<TransferState>& transfer) {
   if (transfer->finished.load(std::memory_order_acquire)) return;
   WriteOp* tail = transfer->tail;
   tail->part->tail_posted = true;
-  rails_[tail->rail]->queue.push_back(tail);
+  const absl::Time now = absl::Now();
+  if (!Usable(tail->rail, transfer->peer, now)) {
+    const int k = PickRail(transfer->peer, tail->rail, now);
+    if (k >= 0) Retarget(tail, static_cast<size_t>(k));
+  }
+  Enqueue(tail->rail, tail);
+}
+
+void ProgressGroup::Enqueue(size_t rail, WriteOp* op, bool front) {
+  RailState& rs = *rails_[rail];
+  if (front) {
+    rs.queue.push_front(op);
+  } else {
+    rs.queue.push_back(op);
+  }
+  rs.queued_bytes += op->length;
 }
 
 void ProgressGroup::OnWriteDone(WriteOp* op, const absl::Status& status) {
@@ -431,6 +459,36 @@ void ProgressGroup::OnWriteDone(WriteOp* op, const absl::Status& status) {
   rs.in_flight_bytes -= op->length;
   Part* part = op->part;
   std::shared_ptr<TransferState> t = part->transfer;  // keeps t alive past ResolveOp
+  if (op->posted) {
+    auto h = rs.health.find(t->peer);
+    if (h != rs.health.end() && h->second.in_flight > 0) {
+      const absl::Time now = absl::Now();
+      --h->second.in_flight;
+      h->second.last_progress = now;
+      if (status.ok() && now >= h->second.resting_until) h->second.backoff = absl::ZeroDuration();
+    }
+  }
+  op->done = true;
+  if (op->abandoned) {  // its bytes went again on another rail
+    --part->unresolved;
+    if (!part->dead && t->finished.load(std::memory_order_acquire)) {
+      KillPart(part);
+    } else {
+      MaybeRetire(part);
+    }
+    return;
+  }
+  // A rail that loses a WRITE (the path, not the request, failed) goes down, and the WRITE
+  // goes again on another rail of the group.
+  if (!status.ok() && status.code() == absl::StatusCode::kUnavailable &&
+      !t->finished.load(std::memory_order_acquire)) {
+    RailDown(op->rail, t->peer, status);
+    if (Resend(op)) {
+      --part->unresolved;
+      MaybeRetire(part);
+      return;
+    }
+  }
   if (!status.ok()) t->Finish(status);
   const bool is_tail = t->tail == op;
   if (is_tail && status.ok()) t->Finish(absl::OkStatus());
@@ -468,9 +526,12 @@ void ProgressGroup::KillPart(Part* part) {
     --part->unresolved;
   }
   for (auto& rs : rails_) {
-    const size_t before = rs->queue.size();
-    std::erase_if(rs->queue, [part](WriteOp* op) { return op->part == part; });
-    part->unresolved -= before - rs->queue.size();
+    std::erase_if(rs->queue, [part, &rs](WriteOp* op) {
+      if (op->part != part) return false;
+      rs->queued_bytes -= op->length;
+      --part->unresolved;
+      return true;
+    });
   }
   MaybeRetire(part);
 }
@@ -493,6 +554,7 @@ void ProgressGroup::ReapParts() {
 
 void ProgressGroup::ScanParts() {
   const absl::Time now = absl::Now();
+  CheckStalls(now);
   std::vector<Part*> to_kill;
   for (auto& [p, owned] : parts_) {
     if (p->dead) continue;
@@ -506,6 +568,124 @@ void ProgressGroup::ScanParts() {
   for (Part* p : to_kill) KillPart(p);
 }
 
+bool ProgressGroup::Usable(size_t rail, PeerId peer, absl::Time now) {
+  const auto& health = rails_[rail]->health;
+  auto it = health.find(peer);
+  return it == health.end() || now >= it->second.resting_until;
+}
+
+int ProgressGroup::PickRail(PeerId peer, size_t except, absl::Time now) {
+  int best = -1;
+  uint64_t best_load = 0;
+  for (size_t k = 0; k < rails_.size(); ++k) {
+    if (k == except || !Usable(k, peer, now)) continue;
+    const uint64_t load = rails_[k]->queued_bytes + rails_[k]->in_flight_bytes;
+    if (best < 0 || load < best_load) {
+      best = static_cast<int>(k);
+      best_load = load;
+    }
+  }
+  return best;
+}
+
+void ProgressGroup::Retarget(WriteOp* op, size_t rail) {
+  Part& part = *op->part;
+  TransferState& t = *part.transfer;
+  const size_t from = engine_->EngineRail(index_, op->rail);
+  const size_t to = engine_->EngineRail(index_, rail);
+  op->rail = rail;
+  op->dest = part.dest[rail];
+  op->desc = part.src_descs[op->src_region][rail];
+  op->key = part.dst_keys[op->dst_region][rail];
+  // Its old rail's closing delivery completion no longer covers it.
+  op->deliver = true;
+  absl::MutexLock lock(&t.mu);
+  t.stats.bytes_per_rail[from] -= op->length;
+  t.stats.bytes_per_rail[to] += op->length;
+  ++t.stats.rerouted_writes;
+  if (std::find(t.stats.failed_rails.begin(), t.stats.failed_rails.end(), from) ==
+      t.stats.failed_rails.end()) {
+    t.stats.failed_rails.push_back(from);
+  }
+}
+
+void ProgressGroup::RailDown(size_t rail, PeerId peer, const absl::Status& why) {
+  RailState& rs = *rails_[rail];
+  const absl::Time now = absl::Now();
+  PeerHealth& h = rs.health[peer];
+  if (now < h.resting_until) return;  // down already
+  h.backoff = h.backoff == absl::ZeroDuration()
+                  ? options_.rail_backoff
+                  : std::min(2 * h.backoff, options_.rail_backoff_max);
+  h.resting_until = now + h.backoff;
+  spdlog::warn("rail {} ({}) to peer {} rests for {}: {}", engine_->EngineRail(index_, rail),
+               rs.rail->rail_info().domain, peer, absl::FormatDuration(h.backoff),
+               std::string(why.message()));
+  // Its queued WRITEs to the peer go to the other rails.
+  std::vector<WriteOp*> moving;
+  std::erase_if(rs.queue, [&](WriteOp* op) {
+    if (op->part->transfer->peer != peer) return false;
+    rs.queued_bytes -= op->length;
+    moving.push_back(op);
+    return true;
+  });
+  for (WriteOp* op : moving) {
+    const int k = PickRail(peer, rail, now);
+    if (k >= 0) Retarget(op, static_cast<size_t>(k));
+    Enqueue(op->rail, op);  // with no other rail it waits for this one
+  }
+}
+
+bool ProgressGroup::Resend(WriteOp* op) {
+  Part& part = *op->part;
+  TransferState& t = *part.transfer;
+  const int k = PickRail(t.peer, op->rail, absl::Now());
+  if (k < 0) return false;
+  WriteOp& copy = part.resent.emplace_back(*op);
+  copy.ctx = {};
+  copy.posted = copy.done = copy.abandoned = false;
+  Retarget(&copy, static_cast<size_t>(k));
+  op->abandoned = true;
+  ++part.unresolved;
+  if (t.tail == op) t.tail = &copy;
+  Enqueue(copy.rail, &copy);
+  return true;
+}
+
+void ProgressGroup::CheckStalls(absl::Time now) {
+  std::vector<std::pair<size_t, PeerId>> stalled;
+  for (size_t k = 0; k < rails_.size(); ++k) {
+    for (const auto& [peer, h] : rails_[k]->health) {
+      if (h.in_flight > 0 && now >= h.resting_until &&
+          now - h.last_progress > options_.rail_stall_timeout) {
+        stalled.emplace_back(k, peer);
+      }
+    }
+  }
+  for (const auto& [k, peer] : stalled) {
+    RailDown(k, peer, absl::UnavailableError(absl::StrCat(
+                          "no completion for ", absl::FormatDuration(options_.rail_stall_timeout))));
+    // Its posted WRITEs go again elsewhere; when they complete here after all, nothing changes.
+    for (auto& [p, owned] : parts_) {
+      TransferState& t = *p->transfer;
+      if (p->dead || t.peer != peer || t.finished.load(std::memory_order_acquire)) continue;
+      auto stuck = [&, k = k](WriteOp& op) {
+        return op.rail == k && op.posted && !op.done && !op.abandoned;
+      };
+      bool lost = false;
+      for (WriteOp& op : p->ops) lost |= stuck(op) && !Resend(&op);
+      for (size_t i = 0, n = p->resent.size(); i < n; ++i) {
+        lost |= stuck(p->resent[i]) && !Resend(&p->resent[i]);
+      }
+      if (lost) {
+        t.Finish(absl::UnavailableError(absl::StrCat(
+            "every rail to peer ", peer, " is down (rail ", engine_->EngineRail(index_, k),
+            ": no completion for ", absl::FormatDuration(options_.rail_stall_timeout), ")")));
+      }
+    }
+  }
+}
+
 void ProgressGroup::RemoveAddresses(const std::vector<fi_addr_t>& addrs) {
   for (size_t i = 0; i < rails_.size() && i < addrs.size(); ++i) {
     fi_addr_t fa = addrs[i];
@@ -514,6 +694,7 @@ void ProgressGroup::RemoveAddresses(const std::vector<fi_addr_t>& addrs) {
 }
 
 void ProgressGroup::FailPeer(PeerId peer, const absl::Status& status) {
+  for (auto& rs : rails_) rs->health.erase(peer);
   for (auto& [p, owned] : parts_) {
     if (p->transfer->peer == peer) p->transfer->Finish(status);
   }

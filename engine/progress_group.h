@@ -54,6 +54,11 @@ struct WriteOp : OpBase {
   bool immediate = false;
   bool deliver = true;  // ask for FI_DELIVERY_COMPLETE (where the provider has it)
   uint64_t data = 0;
+  RegionId src_region = 0;  // what a move to another rail looks up in its Part
+  size_t dst_region = 0;
+  bool posted = false;     // handed to the provider (its completion is still to come)
+  bool done = false;       // its completion came
+  bool abandoned = false;  // stalled and sent again elsewhere: its completion changes nothing
 };
 
 struct SendOp : OpBase {
@@ -99,6 +104,12 @@ struct TransferState {
 struct Part {
   std::shared_ptr<TransferState> transfer;  // shared across the transfer's parts
   std::vector<WriteOp> ops;  // never resized once queued: ops are libfabric contexts
+  std::deque<WriteOp> resent;  // WRITEs sent again on another rail (a deque: stable addresses)
+  // Per rail of the group: the peer's address, each source region's descriptor, each
+  // destination region's key (what a WRITE needs to move to that rail).
+  std::vector<fi_addr_t> dest;
+  absl::flat_hash_map<RegionId, std::vector<void*>> src_descs;
+  std::vector<std::vector<uint64_t>> dst_keys;
   size_t unresolved = 0;     // ops not yet completed, failed or dropped (tail included)
   size_t data_unresolved = 0;
   bool dead = false;
@@ -111,10 +122,13 @@ class ProgressGroup {
  public:
   using Command = absl::AnyInvocable<void(ProgressGroup&)>;
 
-  // Starts the thread, which opens `infos` as rails (tx_depth 0: the provider's).
-  // kOk once every rail is open and its receive pool is posted.
+  // Run on the thread before it opens anything (pinning it); an error fails Start.
+  using Binder = absl::AnyInvocable<absl::Status()>;
+  // Starts the thread, which binds itself, then opens `infos` as rails (tx_depth 0: the
+  // provider's). kOk once every rail is open and its receive pool is posted.
   static absl::StatusOr<std::unique_ptr<ProgressGroup>> Start(
-      Engine* engine, size_t index, std::vector<InfoPtr> infos, const EngineOptions& options);
+      Engine* engine, size_t index, std::vector<InfoPtr> infos, const EngineOptions& options,
+      Binder bind = nullptr);
   // Stops the loop; the thread fails what is left, closes MRs, then rails.
   ~ProgressGroup();
 
@@ -142,11 +156,20 @@ class ProgressGroup {
                  std::shared_ptr<Completion> done);
 
  private:
+  // How a rail is doing with one peer.
+  struct PeerHealth {
+    size_t in_flight = 0;        // WRITEs posted, completion not seen
+    absl::Time last_progress;    // last completion, or the post that found none in flight
+    absl::Time resting_until = absl::InfinitePast();  // down: no new WRITEs before then
+    absl::Duration backoff;      // the last rest; zero once a WRITE completes again
+  };
   struct RailState {
     std::unique_ptr<Rail> rail;
     std::deque<WriteOp*> queue;  // the application-level queue: WRITEs not yet posted
+    uint64_t queued_bytes = 0;
     size_t in_flight = 0;
     uint64_t in_flight_bytes = 0;
+    absl::flat_hash_map<PeerId, PeerHealth> health;
     size_t depth = 0;
     // Control: one registered arena of receive buffers then send slots.
     std::vector<char> arena;
@@ -158,7 +181,7 @@ class ProgressGroup {
   };
 
   ProgressGroup(Engine* engine, size_t index, const EngineOptions& options);
-  void Main(std::vector<InfoPtr> infos, Completion* opened);
+  void Main(std::vector<InfoPtr> infos, Binder bind, Completion* opened);
   void Wake();  // makes the thread's epoll_wait return
   absl::Status OpenRails(std::vector<InfoPtr> infos);
   bool DrainInbox();
@@ -176,6 +199,20 @@ class ProgressGroup {
   void Block(bool soon);
   void Shutdown();
   WriteOp* QueueFront(RailState& rs);
+  void Enqueue(size_t rail, WriteOp* op, bool front = false);
+  // --- Rail failover. ---
+  bool Usable(size_t rail, PeerId peer, absl::Time now);
+  // The usable rail other than `except` with the fewest queued bytes; -1 when none.
+  int PickRail(PeerId peer, size_t except, absl::Time now);
+  // Points `op` (not posted) at `rail`.
+  void Retarget(WriteOp* op, size_t rail);
+  // The rail failed for the peer: it rests, its queued WRITEs to the peer move elsewhere.
+  void RailDown(size_t rail, PeerId peer, const absl::Status& why);
+  // Sends `op` (posted, failed or stalled) again on another usable rail; false when none.
+  bool Resend(WriteOp* op);
+  // Rails with WRITEs in flight and no completion for rail_stall_timeout go down; their
+  // posted WRITEs are abandoned and sent again.
+  void CheckStalls(absl::Time now);
   void FinishSend(RailState& rs, SendOp* op, const absl::Status& status);
 
   Engine* const engine_;

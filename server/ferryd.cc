@@ -36,7 +36,22 @@ int main(int argc, char** argv) {
   app.add_option("--provider", options.engine.provider, "auto, tcp, shm, efa or verbs")
       ->capture_default_str();
   app.add_option("--domain", options.engine.domains, "libfabric domain(s) to open rails on");
-  app.add_option("--rails", options.engine.rails, "number of rails")->capture_default_str();
+  app.add_option("--rails", options.engine.rails, "number of rails (0: one per domain)")
+      ->capture_default_str();
+  options.engine.topology = true;
+  app.add_option("--topology", options.engine.topology,
+                 "with --rails 0: one progress thread per GPU with the NICs under its PCIe "
+                 "switch (hwloc), pinned to its cores (see `ferry topo`)")
+      ->capture_default_str();
+  int64_t stall_ms = absl::ToInt64Milliseconds(options.engine.rail_stall_timeout);
+  app.add_option("--rail-stall-ms", stall_ms,
+                 "a rail whose WRITEs see no completion for this long fails over")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{10}, int64_t{600000}));
+  int64_t backoff_ms = absl::ToInt64Milliseconds(options.engine.rail_backoff);
+  app.add_option("--rail-backoff-ms", backoff_ms, "first rest of a failed rail (doubles)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{600000}));
   app.add_option("--token-file", token_file, "file with the bearer token clients must send");
   app.add_flag("--insecure", insecure, "allow a non-loopback --listen without a token");
   app.add_option("--max-body-mb", max_body_mb, "largest request body, MiB")->capture_default_str();
@@ -50,6 +65,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   options.staging_slot_bytes = slot_kib << 10;
+  options.engine.rail_stall_timeout = absl::Milliseconds(stall_ms);
+  options.engine.rail_backoff = absl::Milliseconds(backoff_ms);
 
   const size_t colon = listen.rfind(':');
   int port = 0;

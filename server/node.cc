@@ -129,6 +129,7 @@ nlohmann::json ToJson(const PullStats& s) {
   nlohmann::json j = {{"object", s.object},   {"version", s.version},
                       {"bytes", s.bytes},     {"seconds", s.seconds},
                       {"path", s.path},       {"bytes_per_rail", s.bytes_per_rail},
+                      {"rerouted_writes", s.rerouted_writes}, {"failed_rails", s.failed_rails},
                       {"gbps", s.seconds > 0 ? static_cast<double>(s.bytes) * 8 / s.seconds / 1e9
                                              : 0.0}};
   if (s.region) j["region"] = *s.region;
@@ -186,6 +187,7 @@ nlohmann::json Node::Info() const {
                            {"max_msg_size", r.max_msg_size},
                            {"hmem_cuda", r.hmem_cuda}};
     if (!r.hmem_cuda) rail["hmem_cuda_error"] = r.hmem_cuda_error;
+    if (!r.placement.empty()) rail["placement"] = r.placement;
     rails.push_back(std::move(rail));
   }
   nlohmann::json devices = {"host"};

@@ -60,6 +60,8 @@ struct PullStats {
   uint64_t bytes = 0;
   double seconds = 0;
   std::vector<uint64_t> bytes_per_rail;
+  uint64_t rerouted_writes = 0;     // sent again on another rail after theirs failed
+  std::vector<size_t> failed_rails;  // the source's rails that failed during the pull
   std::string path = "rdma";
   std::optional<uint64_t> region;  // the new buffer, for pulls into one
 };

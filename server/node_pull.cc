@@ -183,8 +183,10 @@ absl::StatusOr<PullStats> Node::ServeRdma(const metadata::ObjectRecord& object, 
   }
   RETURN_IF_ERROR(transfer.status());
   ASSIGN_OR_RETURN(engine::TransferStats stats, transfer->Wait());
-  return PullStats{object.name, object.version, stats.bytes, stats.seconds, stats.bytes_per_rail,
-                   std::string(PathName(PullPath::kRdma)), std::nullopt};
+  return PullStats{object.name,          object.version,        stats.bytes,
+                   stats.seconds,        stats.bytes_per_rail,  stats.rerouted_writes,
+                   stats.failed_rails,   std::string(PathName(PullPath::kRdma)),
+                   std::nullopt};
 }
 
 absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
@@ -240,7 +242,7 @@ absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
   for (Piece& p : pieces) p.device = engine::Device::Cuda(dst_gpu);
   RETURN_IF_ERROR(RunPieces(pieces));
   return PullStats{object.name, object.version, object.size,
-                   absl::ToDoubleSeconds(absl::Now() - start), {},
+                   absl::ToDoubleSeconds(absl::Now() - start), {}, 0, {},
                    std::string(PathName(PullPath::kCudaIpc)), std::nullopt};
 }
 
@@ -287,8 +289,8 @@ absl::StatusOr<PullStats> Node::ServeStaged(const metadata::ObjectRecord& object
   const absl::Time start = absl::Now();
   const uint64_t chunks = Chunks(object.size, slot_bytes);
   std::vector<std::optional<engine::Transfer>> in_flight(ring->slots());
-  PullStats stats{object.name, object.version, 0, 0, {}, std::string(PathName(PullPath::kStaged)),
-                  std::nullopt};
+  PullStats stats{object.name, object.version, 0, 0, {}, 0, {},
+                  std::string(PathName(PullPath::kStaged)), std::nullopt};
   auto retire = [&](std::optional<engine::Transfer>& t) -> absl::Status {
     if (!t) return absl::OkStatus();
     ASSIGN_OR_RETURN(engine::TransferStats s, t->Wait());
@@ -296,6 +298,12 @@ absl::StatusOr<PullStats> Node::ServeStaged(const metadata::ObjectRecord& object
     stats.bytes += s.bytes;
     stats.bytes_per_rail.resize(std::max(stats.bytes_per_rail.size(), s.bytes_per_rail.size()));
     for (size_t r = 0; r < s.bytes_per_rail.size(); ++r) stats.bytes_per_rail[r] += s.bytes_per_rail[r];
+    stats.rerouted_writes += s.rerouted_writes;
+    for (size_t r : s.failed_rails) {
+      if (std::find(stats.failed_rails.begin(), stats.failed_rails.end(), r) == stats.failed_rails.end()) {
+        stats.failed_rails.push_back(r);
+      }
+    }
     return absl::OkStatus();
   };
   absl::Status status;
@@ -603,6 +611,8 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
   stats.seconds = j.value("seconds", 0.0);
   stats.path = j.value("path", std::string(PathName(chosen)));
   if (j.contains("bytes_per_rail")) stats.bytes_per_rail = j["bytes_per_rail"].get<std::vector<uint64_t>>();
+  stats.rerouted_writes = j.value("rerouted_writes", uint64_t{0});
+  if (j.contains("failed_rails")) stats.failed_rails = j["failed_rails"].get<std::vector<size_t>>();
   // Staged bytes are in place only once this side has copied the last chunk in.
   if (chosen == PullPath::kStaged) stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (new_region) {

@@ -88,5 +88,16 @@ TEST(CliTest, PutGetLsStatPullRmWithExitCodes) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(CliTest, TopoPrintsThisMachinesPlacementAndRejectsABadXml) {
+  auto [code, out] = Ferry({"topo", "--provider", "tcp"});
+  EXPECT_EQ(code, 0) << out;
+  // The loopback domain has no PCI device: it is a host-memory rail on any core.
+  EXPECT_THAT(out, ::testing::MatchesRegex("[0-9]+ GPU\\(s\\), [0-9]+ NIC\\(s\\)\n(.*\n)*host memory -> .*lo.* -> numa .* -> cores .*\n"));
+  auto [bad, bad_out] = Ferry({"topo", "--xml", "/nonexistent.xml"});
+  EXPECT_EQ(bad, 1);
+  auto [prov, prov_out] = Ferry({"topo", "--provider", "nonsense"});
+  EXPECT_EQ(prov, 1);
+}
+
 }  // namespace
 }  // namespace ferry

@@ -1,0 +1,151 @@
+// Rails on the netns test bed: two ferryd in network namespaces joined by shaped veth pairs,
+// one rail each (tcp provider); rails taken down during a pull, brought back, and nodes with
+// different rail counts. Needs root (CI runs as root); skipped otherwise.
+#include <gmock/gmock.h>
+#include <httplib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "nlohmann/json.hpp"
+#include "tests/testing/ferryd_process.h"
+#include "tests/testing/netns.h"
+
+namespace ferry {
+namespace {
+
+using json = nlohmann::json;
+using testing::TestBed;
+using ::testing::Contains;
+using ::testing::Each;
+using ::testing::Gt;
+
+constexpr char kOctet[] = "application/octet-stream";
+
+class RailsTest : public ::testing::Test {
+ protected:
+  // A bed of `rails` veth pairs at `mbit`; ferryd on A with `a_rails` of them and on B with
+  // `b_rails`, failing a rail over after 300 ms without completions.
+  void Start(size_t rails, uint64_t mbit, size_t a_rails, size_t b_rails) {
+    if (geteuid() != 0) GTEST_SKIP() << "the netns test bed needs root";
+    auto bed = TestBed::Create({.rails = rails, .rate_mbit = mbit});
+    ASSERT_TRUE(bed.ok()) << bed.status();
+    bed_ = std::move(*bed);
+    dir_ = std::filesystem::temp_directory_path() / ("rails-test-" + std::to_string(getpid()));
+    std::filesystem::remove_all(dir_);
+    for (TestBed::Side side : {TestBed::kA, TestBed::kB}) {
+      std::vector<std::string> args = {"--provider",       "tcp", "--rails", "0",
+                                       "--rail-stall-ms",  "300", "--rail-backoff-ms", "1000",
+                                       "--data-dir", (dir_ / (side == TestBed::kA ? "a" : "b")).string()};
+      for (size_t i = 0; i < (side == TestBed::kA ? a_rails : b_rails); ++i) {
+        args.push_back("--domain");
+        args.push_back(bed_->RailInterface(side, i));
+      }
+      auto p = testing::StartFerrydIn(bed_->Exec(side), bed_->HostAddress(side), FERRYD_PATH, args);
+      ASSERT_TRUE(p.ok()) << p.status();
+      node_[side] = std::move(*p);
+    }
+  }
+  void TearDown() override {
+    for (auto& n : node_) {
+      if (n.proc) {
+        EXPECT_EQ(n.Stop(), 0);
+      }
+    }
+    bed_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  httplib::Client Client(TestBed::Side side) const {
+    httplib::Client c(node_[side].url);
+    c.set_read_timeout(120);
+    return c;
+  }
+  // The side's URL as the other side reaches it (the control link).
+  std::string PeerUrl(TestBed::Side side) const {
+    const std::string& url = node_[side].url;
+    return "http://" + bed_->PeerAddress(side) + url.substr(url.rfind(':'));
+  }
+  // Uploads `size` random bytes as `name` on `side`.
+  std::string Put(TestBed::Side side, const std::string& name, size_t size) {
+    std::string data(size, '\0');
+    std::mt19937_64 rng(size);
+    for (char& c : data) c = static_cast<char>(rng());
+    auto r = Client(side).Put(("/v1/objects/" + name + "/data").c_str(), data, kOctet);
+    EXPECT_TRUE(r && r->status == 201) << (r ? r->body : "no response");
+    return data;
+  }
+  // `to` pulls `name` from the other side into a new buffer, published as `as`.
+  json Pull(TestBed::Side to, const std::string& name, const std::string& as) {
+    const TestBed::Side from = to == TestBed::kA ? TestBed::kB : TestBed::kA;
+    const json body = {{"from", PeerUrl(from)}, {"object", name}, {"as", as},
+                       {"into", {{"device", "host"}}}};
+    auto r = Client(to).Post("/v1/pulls", body.dump(), "application/json");
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+    return r && r->status == 200 ? json::parse(r->body) : json();
+  }
+  std::string Get(TestBed::Side side, const std::string& name) {
+    auto r = Client(side).Get(("/v1/objects/" + name + "/data").c_str());
+    return r && r->status == 200 ? r->body : std::string();
+  }
+
+  std::unique_ptr<TestBed> bed_;
+  std::filesystem::path dir_;
+  testing::FerrydProcess node_[2];
+};
+
+TEST_F(RailsTest, PullCompletesWhenARailGoesDownAndUsesItAgainOnceItIsBack) {
+  ASSERT_NO_FATAL_FAILURE(Start(4, 200, 4, 4));
+  // 64 MiB at 4 x 200 Mbit/s: about 0.7 s on four rails.
+  const std::string data = Put(TestBed::kA, "weights", 64 << 20);
+  json first;
+  std::thread pull([&] { first = Pull(TestBed::kB, "weights", "copy1"); });
+  absl::SleepFor(absl::Milliseconds(250));
+  ASSERT_TRUE(bed_->SetRail(1, false).ok());
+  pull.join();
+  ASSERT_TRUE(first.is_object());
+  EXPECT_EQ(first["bytes"], data.size());
+  EXPECT_THAT(first["failed_rails"].get<std::vector<size_t>>(), Contains(1u));
+  EXPECT_GT(first["rerouted_writes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(Get(TestBed::kB, "copy1"), data);
+
+  // While it rests nothing goes on it: no pull waits for it to stall again.
+  const json second = Pull(TestBed::kB, "weights", "copy2");
+  ASSERT_TRUE(second.is_object());
+  EXPECT_EQ(second["bytes_per_rail"][1], 0u);
+  EXPECT_LT(second["seconds"].get<double>(), 0.3 + first["seconds"].get<double>());
+  EXPECT_EQ(Get(TestBed::kB, "copy2"), data);
+
+  // Back up: once its rest is over (and the WRITEs it held have gone through), pulls use it.
+  ASSERT_TRUE(bed_->SetRail(1, true).ok());
+  json later;
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  for (int i = 0; absl::Now() < give_up; ++i) {
+    later = Pull(TestBed::kB, "weights", "copy3-" + std::to_string(i));
+    ASSERT_TRUE(later.is_object());
+    if (later["bytes_per_rail"][1].get<uint64_t>() > 0) break;
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  EXPECT_THAT(later["bytes_per_rail"].get<std::vector<uint64_t>>(), Each(Gt(0u)));
+  EXPECT_TRUE(later["failed_rails"].empty()) << later;
+  EXPECT_EQ(later["rerouted_writes"], 0u);
+}
+
+TEST_F(RailsTest, NodesWithFourAndTwoRailsPullBothWays) {
+  ASSERT_NO_FATAL_FAILURE(Start(4, 1000, 4, 2));
+  const std::string a_data = Put(TestBed::kA, "from-a", 8 << 20);
+  const std::string b_data = Put(TestBed::kB, "from-b", 8 << 20);
+  const json to_b = Pull(TestBed::kB, "from-a", "got-a");  // 4 rails write into 2
+  const json to_a = Pull(TestBed::kA, "from-b", "got-b");  // 2 rails write into 4
+  ASSERT_TRUE(to_b.is_object());
+  ASSERT_TRUE(to_a.is_object());
+  EXPECT_EQ(to_b["bytes_per_rail"].size(), 4u);
+  EXPECT_EQ(to_a["bytes_per_rail"].size(), 2u);
+  EXPECT_EQ(Get(TestBed::kB, "got-a"), a_data);
+  EXPECT_EQ(Get(TestBed::kA, "got-b"), b_data);
+}
+
+}  // namespace
+}  // namespace ferry
