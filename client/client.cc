@@ -237,7 +237,7 @@ absl::StatusOr<PullResult> EmbeddedNode::PullInto(const std::string& from, const
   for (const Extent& e : into) extents.push_back({e.region, e.offset, e.length});
   ASSIGN_OR_RETURN(server::PullStats s,
                    impl_->node->Pull(from, name, std::nullopt,
-                                     {{"extents_b64", server::PackExtents(extents)}}, "", false));
+                                     {{"extents_raw", server::RawExtents(extents)}}, "", false));
   return PullResult{s.bytes, s.seconds, s.path, s.bytes_per_rail};
 }
 

@@ -23,10 +23,22 @@ void WriteResponse(httplib::Response& res, const absl::StatusOr<T>& result, int 
   WriteJson(res, ToJson(*result), status);
 }
 
+// A JSON object; of kExtentsContentType, the raw extents after it become "extents_raw".
 absl::StatusOr<nlohmann::json> ParseBody(const httplib::Request& req) {
-  auto j = nlohmann::json::parse(req.body, nullptr, false);
+  std::string_view json = req.body, raw;
+  const bool with_extents = req.get_header_value("Content-Type") == kExtentsContentType;
+  if (with_extents) {
+    const size_t nl = json.find('\n');
+    if (nl == std::string_view::npos) {
+      return absl::InvalidArgumentError("an extents body is JSON, a newline, then the extents");
+    }
+    raw = json.substr(nl + 1);
+    json = json.substr(0, nl);
+  }
+  auto j = nlohmann::json::parse(json, nullptr, false);
   if (j.is_discarded()) return absl::InvalidArgumentError("request body is not valid JSON");
   if (!j.is_object()) return absl::InvalidArgumentError("request body must be a JSON object");
+  if (with_extents) j["extents_raw"] = std::string(raw);
   return j;
 }
 
@@ -249,6 +261,9 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
       version = (*body)["version"].get<uint64_t>();
     }
     nlohmann::json into = body->value("into", nlohmann::json{{"device", "host"}});
+    if (body->contains("extents_raw") && into.is_object()) {
+      into["extents_raw"] = std::move((*body)["extents_raw"]);
+    }
     std::string as = body->contains("as") && (*body)["as"].is_string() ? (*body)["as"].get<std::string>() : "";
     const bool replace = body->value("replace", false);
     std::optional<PullPath> path;

@@ -63,7 +63,7 @@ absl::StatusOr<std::vector<metadata::ObjectExtent>> ExtentsFromJson(const nlohma
   return out;
 }
 
-std::string PackExtents(const std::vector<metadata::ObjectExtent>& extents) {
+std::string RawExtents(const std::vector<metadata::ObjectExtent>& extents) {
   std::string raw(extents.size() * 24, '\0');
   char* p = raw.data();
   for (const metadata::ObjectExtent& e : extents) {
@@ -71,13 +71,12 @@ std::string PackExtents(const std::vector<metadata::ObjectExtent>& extents) {
       for (int b = 0; b < 8; ++b) *p++ = static_cast<char>(v >> (8 * b));
     }
   }
-  return absl::Base64Escape(raw);
+  return raw;
 }
 
-absl::StatusOr<std::vector<metadata::ObjectExtent>> UnpackExtents(const std::string& b64) {
-  std::string raw;
-  if (!absl::Base64Unescape(b64, &raw) || raw.size() % 24 != 0) {
-    return absl::InvalidArgumentError("\"extents_b64\" is not base64 of (region, offset, length) triplets");
+absl::StatusOr<std::vector<metadata::ObjectExtent>> UnpackRawExtents(std::string_view raw) {
+  if (raw.size() % 24 != 0) {
+    return absl::InvalidArgumentError("raw extents are not (region, offset, length) triplets");
   }
   std::vector<metadata::ObjectExtent> out(raw.size() / 24);
   const auto* p = reinterpret_cast<const unsigned char*>(raw.data());
@@ -88,6 +87,18 @@ absl::StatusOr<std::vector<metadata::ObjectExtent>> UnpackExtents(const std::str
     }
   }
   return out;
+}
+
+std::string PackExtents(const std::vector<metadata::ObjectExtent>& extents) {
+  return absl::Base64Escape(RawExtents(extents));
+}
+
+absl::StatusOr<std::vector<metadata::ObjectExtent>> UnpackExtents(const std::string& b64) {
+  std::string raw;
+  if (!absl::Base64Unescape(b64, &raw) || raw.size() % 24 != 0) {
+    return absl::InvalidArgumentError("\"extents_b64\" is not base64 of (region, offset, length) triplets");
+  }
+  return UnpackRawExtents(raw);
 }
 
 absl::Status Conflict(absl::string_view message) {

@@ -74,6 +74,15 @@ absl::StatusOr<std::vector<metadata::ObjectExtent>> ExtentsFromJson(const nlohma
 // at both ends.
 std::string PackExtents(const std::vector<metadata::ObjectExtent>& extents);
 absl::StatusOr<std::vector<metadata::ObjectExtent>> UnpackExtents(const std::string& b64);
+// The same triplets unencoded: what a body of type kExtentsContentType carries after its JSON.
+std::string RawExtents(const std::vector<metadata::ObjectExtent>& extents);
+absl::StatusOr<std::vector<metadata::ObjectExtent>> UnpackRawExtents(std::string_view raw);
+
+// A request body of this type is a JSON object, a newline, then extents as raw triplets (see
+// RawExtents): the "into" extents of POST /v1/pulls, the destination extents of a node-to-node
+// pull. Big layouts skip both JSON and base64 this way. In the parsed request the raw bytes
+// are the string "extents_raw".
+inline constexpr char kExtentsContentType[] = "application/vnd.ferry.extents";
 
 // The unsigned integer field `name` of `j`. kInvalidArgument when missing or not one.
 absl::StatusOr<uint64_t> UnsignedField(const nlohmann::json& j, const char* name);

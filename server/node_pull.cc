@@ -24,9 +24,13 @@ bool IsCuda(const engine::Device& d) { return d.kind == engine::Device::Kind::kC
 
 uint64_t Chunks(uint64_t size, uint64_t chunk) { return (size + chunk - 1) / chunk; }
 
-// A request's extents: "extents_b64" (binary, for big layouts) or "extents" (JSON); empty
-// when it has neither.
+// A request's extents: "extents_raw" (from a kExtentsContentType body), "extents_b64" or
+// "extents" (JSON); empty when it has none.
 absl::StatusOr<std::vector<metadata::ObjectExtent>> RequestExtents(const nlohmann::json& req) {
+  if (auto raw = req.find("extents_raw"); raw != req.end()) {
+    if (!raw->is_string()) return absl::InvalidArgumentError("\"extents_raw\" must be a string");
+    return UnpackRawExtents(raw->get_ref<const std::string&>());
+  }
   if (auto b64 = req.find("extents_b64"); b64 != req.end()) {
     if (!b64->is_string()) return absl::InvalidArgumentError("\"extents_b64\" must be a string");
     return UnpackExtents(b64->get<std::string>());
@@ -468,7 +472,8 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
     ASSIGN_OR_RETURN(RegionInfo region, AllocateRegion(device, size));
     new_region = region.id;
     local.push_back({region.id, 0, region.size});
-  } else if (into.contains("extents") || into.contains("extents_b64")) {
+  } else if (into.contains("extents") || into.contains("extents_b64") ||
+             into.contains("extents_raw")) {
     ASSIGN_OR_RETURN(local, RequestExtents(into));
     if (local.size() > options_.max_extents) {
       return TooLarge(absl::StrCat(local.size(), " extents; the limit is ", options_.max_extents));
@@ -517,6 +522,7 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
     }
   }
   facts.dst_all_ipc = true;
+  std::string raw_extents;  // sent after the request's JSON (kExtentsContentType)
   {
     absl::ReaderMutexLock lock(&mu_);
     std::map<uint64_t, size_t> index;
@@ -546,7 +552,7 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
       extents.push_back({slot->second, e.offset, e.length});
     }
     request["regions"] = regions;
-    request["extents_b64"] = PackExtents(extents);
+    raw_extents = RawExtents(extents);
   }
   const PullPath chosen = path ? *path : ChoosePath(facts);
   request["path"] = PathName(chosen);
@@ -587,8 +593,8 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
   }
   // WRITEs land here until the source answers: keep polling the rails (manual progress).
   engine::AwakeToken awake = engine_->KeepAwake();
-  auto answer = client.Post((object_path + "/pull").c_str(), headers, request.dump(),
-                            "application/json");
+  auto answer = client.Post((object_path + "/pull").c_str(), headers,
+                            request.dump() + "\n" + raw_extents, kExtentsContentType);
   absl::Status s = StatusFromResult(answer, "source " + from);
   if (receiver.joinable()) {
     if (!s.ok()) stop = true;

@@ -154,13 +154,12 @@ absl::Status RunConfig(const RailsFlags& f, const Config& c, const std::filesyst
   if (!src.ok()) return src.status();
   if (!dst.ok()) return dst.status();
 
-  // Big layouts go as "extents_b64", as a client with KV-cache pages sends them.
+  // Big layouts go as raw extents after the JSON, as a client with KV-cache pages sends them.
   auto pull = [&](const std::string& name, const std::vector<metadata::ObjectExtent>& into)
       -> absl::StatusOr<json> {
-    const json body = {{"from", a_peer_url},
-                       {"object", name},
-                       {"into", {{"extents_b64", server::PackExtents(into)}}}};
-    auto r = cb.Post("/v1/pulls", body.dump(), "application/json");
+    const json body = {{"from", a_peer_url}, {"object", name}, {"into", json::object()}};
+    auto r = cb.Post("/v1/pulls", body.dump() + "\n" + server::RawExtents(into),
+                     server::kExtentsContentType);
     if (!r || r->status != 200) {
       return absl::UnavailableError("pull: " + (r ? r->body : std::string("no answer")));
     }
