@@ -222,7 +222,19 @@ absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
   wo.sync = options_.sync;
   RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), "publish"));
   for (const ObjectExtent& e : extents) ++region_users_[e.region];
+  Cache(VersionKey(name, r.version), r);  // a pull often follows at once
   return r;
+}
+
+void Catalog::Cache(const std::string& key, const ObjectRecord& r) const {
+  absl::MutexLock lock(&cache_mu_);
+  if (cached_extents_ + r.extents.size() > kCachedExtents) {
+    cache_.clear();
+    cached_extents_ = 0;
+  }
+  if (cache_.emplace(key, std::make_shared<const ObjectRecord>(r)).second) {
+    cached_extents_ += r.extents.size();
+  }
 }
 
 absl::StatusOr<ObjectRecord> Catalog::Get(const std::string& name,
@@ -250,14 +262,7 @@ absl::StatusOr<ObjectRecord> Catalog::Get(const std::string& name,
   }
   RETURN_IF_ERROR(FromRocksDb(s, "read object"));
   ASSIGN_OR_RETURN(ObjectRecord r, DecodeRecord(value));
-  absl::MutexLock lock(&cache_mu_);
-  if (cached_extents_ + r.extents.size() > kCachedExtents) {
-    cache_.clear();
-    cached_extents_ = 0;
-  }
-  if (cache_.emplace(key, std::make_shared<const ObjectRecord>(r)).second) {
-    cached_extents_ += r.extents.size();
-  }
+  Cache(key, r);
   return r;
 }
 

@@ -98,6 +98,8 @@ class Catalog {
   // Decoded records by version key: versions never change, so a hit saves decoding a layout
   // of many extents on every pull. Emptied when it holds more than kCachedExtents extents.
   static constexpr size_t kCachedExtents = size_t{1} << 20;
+  // Keeps a decoded record (emptying the cache first when it would grow past kCachedExtents).
+  void Cache(const std::string& key, const ObjectRecord& r) const;
   mutable absl::Mutex cache_mu_;
   mutable std::map<std::string, std::shared_ptr<const ObjectRecord>> cache_ ABSL_GUARDED_BY(cache_mu_);
   mutable size_t cached_extents_ ABSL_GUARDED_BY(cache_mu_) = 0;
