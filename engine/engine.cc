@@ -244,7 +244,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       per_group[r % per_group.size()].push_back(domains[r % domains.size()]);
     }
   }
-  // Engine rails are numbered round robin over the groups (rail r is in group r % groups),
+  // Engine rails interleave the groups (the first rail of each group, then the second...),
   // so that every group appears among the first rails.
   const size_t nthreads = per_group.size();
   size_t nrails = 0;

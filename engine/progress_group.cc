@@ -416,12 +416,7 @@ void ProgressGroup::AddPart(std::unique_ptr<Part> part) {
   TransferState& t = *p->transfer;
   const absl::Time now = absl::Now();
   for (WriteOp& op : p->ops) {
-    if (&op == t.tail) continue;
-    if (!Usable(op.rail, t.peer, now)) {  // a resting rail: another one takes its share
-      const int k = PickRail(t.peer, op.rail, now);
-      if (k >= 0) Retarget(&op, static_cast<size_t>(k));
-    }
-    Enqueue(op.rail, &op);
+    if (&op != t.tail) Route(&op, t.peer, now);
   }
   if (p->data_unresolved == 0 && t.tail_part == p && t.parts_data_pending.load() == 0) {
     QueueTail(p->transfer);  // the tail is the transfer's only WRITE
@@ -435,12 +430,15 @@ void ProgressGroup::QueueTail(const std::shared_ptr<TransferState>& transfer) {
   if (transfer->finished.load(std::memory_order_acquire)) return;
   WriteOp* tail = transfer->tail;
   tail->part->tail_posted = true;
-  const absl::Time now = absl::Now();
-  if (!Usable(tail->rail, transfer->peer, now)) {
-    const int k = PickRail(transfer->peer, tail->rail, now);
-    if (k >= 0) Retarget(tail, static_cast<size_t>(k));
+  Route(tail, transfer->peer, absl::Now());
+}
+
+void ProgressGroup::Route(WriteOp* op, PeerId peer, absl::Time now) {
+  if (!Usable(op->rail, peer, now)) {
+    const int k = PickRail(peer, op->rail, now);
+    if (k >= 0) Retarget(op, static_cast<size_t>(k));
   }
-  Enqueue(tail->rail, tail);
+  Enqueue(op->rail, op);
 }
 
 void ProgressGroup::Enqueue(size_t rail, WriteOp* op, bool front) {
@@ -629,11 +627,7 @@ void ProgressGroup::RailDown(size_t rail, PeerId peer, const absl::Status& why) 
     moving.push_back(op);
     return true;
   });
-  for (WriteOp* op : moving) {
-    const int k = PickRail(peer, rail, now);
-    if (k >= 0) Retarget(op, static_cast<size_t>(k));
-    Enqueue(op->rail, op);  // with no other rail it waits for this one
-  }
+  for (WriteOp* op : moving) Route(op, peer, now);  // with no other rail it waits for this one
 }
 
 bool ProgressGroup::Resend(WriteOp* op) {

@@ -200,6 +200,9 @@ class ProgressGroup {
   void Shutdown();
   WriteOp* QueueFront(RailState& rs);
   void Enqueue(size_t rail, WriteOp* op, bool front = false);
+  // Queues `op` (not posted) on its rail, or on the least loaded usable one while its own
+  // rests for the peer.
+  void Route(WriteOp* op, PeerId peer, absl::Time now);
   // --- Rail failover. ---
   bool Usable(size_t rail, PeerId peer, absl::Time now);
   // The usable rail other than `except` with the fewest queued bytes; -1 when none.

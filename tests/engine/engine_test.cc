@@ -437,6 +437,27 @@ TEST(EngineCreateTest, ReportsRailsFromGetinfo) {
     EXPECT_FALSE(r.address.empty());
   }
   EXPECT_NE(engine->rails()[0].address, engine->rails()[1].address);
+  EXPECT_TRUE(engine->rails()[0].placement.empty());  // dealt round robin, not placed
+}
+
+TEST(EngineCreateTest, TopologyPlacesRailsWithoutAPciDeviceInTheHostGroup) {
+  if (!ProviderAvailable("tcp")) GTEST_SKIP() << "no tcp provider";
+  EngineOptions o;
+  o.domains = {"lo"};
+  o.rails = 0;
+  o.topology = true;
+  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Create(o));
+  ASSERT_EQ(engine->rails().size(), 1u);
+  EXPECT_THAT(engine->rails()[0].placement, ::testing::StartsWith("host, numa "));
+  // The pinned progress thread still moves bytes (to this engine itself).
+  std::vector<char> src(1 << 20, 'x'), dst(1 << 20, 0);
+  ASSERT_OK_AND_ASSIGN(RegionId s, engine->RegisterMemory(src.data(), src.size(), Device::Host()));
+  ASSERT_OK_AND_ASSIGN(RegionId d, engine->RegisterMemory(dst.data(), dst.size(), Device::Host()));
+  ASSERT_OK_AND_ASSIGN(PeerId self, engine->AddPeer(engine->address()));
+  ASSERT_OK_AND_ASSIGN(RegionDescriptor desc, engine->Describe(d));
+  ASSERT_OK(engine->Write({.peer = self, .src = {{s, 0, src.size()}}, .dst_regions = {desc},
+                           .dst = {{0, 0, dst.size()}}}).status());
+  EXPECT_EQ(src, dst);
 }
 
 }  // namespace
