@@ -237,72 +237,180 @@ absl::StatusOr<CudaMapping> CudaIpcCache::Open(const std::string& handle, int de
   return m;
 }
 
-absl::Status CudaCopyPieces(int device, const std::vector<CopyPiece>& pieces) {
-  std::vector<CopyChunk> chunks;
-  std::vector<CopyPiece> large;
-  chunks.reserve(pieces.size());
-  for (const CopyPiece& p : pieces) {
-    if (p.length >= kCopyEngineBytes) {
-      large.push_back(p);
-      continue;
-    }
-    for (uint64_t done = 0; done < p.length; done += kCopyChunkBytes) {
-      chunks.push_back({p.dst + done, p.src + done, std::min(kCopyChunkBytes, p.length - done)});
+namespace {
+
+// Streams and chunk-list buffers for one batched copy at a time on one GPU; the buffers grow
+// and stay (no allocation per copy).
+struct Scratch {
+  int device = 0;
+  // Batches alternate between two kernel streams, so that one batch's last blocks overlap
+  // the next batch's first instead of leaving SMs idle at every kernel boundary.
+  cudaStream_t kernel[2] = {nullptr, nullptr};
+  cudaStream_t engine = nullptr;
+  CopyChunk* host = nullptr;           // pinned
+  CopyChunk* device_chunks = nullptr;  // on the GPU
+  uint64_t capacity = 0;               // chunks
+};
+
+// Idle scratches by GPU, shared by every thread: a copy takes one and gives it back, so that
+// concurrent copies do not wait on each other and a request thread never pays for streams
+// and pinned buffers of its own. Scratches live as long as the process.
+ABSL_CONST_INIT absl::Mutex scratch_mu(absl::kConstInit);
+absl::flat_hash_map<int, std::vector<Scratch*>>& IdleScratch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(scratch_mu) {
+  static auto* idle = new absl::flat_hash_map<int, std::vector<Scratch*>>();
+  return *idle;
+}
+
+void ReleaseScratch(Scratch* sc) {
+  absl::MutexLock lock(&scratch_mu);
+  IdleScratch()[sc->device].push_back(sc);
+}
+
+// An idle scratch for `device` (the current CUDA device) with room for `chunks`.
+absl::StatusOr<Scratch*> TakeScratch(int device, uint64_t chunks) {
+  Scratch* sc = nullptr;
+  {
+    absl::MutexLock lock(&scratch_mu);
+    auto& idle = IdleScratch()[device];
+    if (!idle.empty()) {
+      sc = idle.back();
+      idle.pop_back();
     }
   }
-  if (chunks.empty() && large.empty()) return absl::OkStatus();
+  if (sc == nullptr) {
+    sc = new Scratch();
+    sc->device = device;
+    cudaError_t e = cudaSuccess;
+    for (cudaStream_t* st : {&sc->kernel[0], &sc->kernel[1], &sc->engine}) {
+      if (e == cudaSuccess) e = cudaStreamCreateWithFlags(st, cudaStreamNonBlocking);
+    }
+    if (e != cudaSuccess) {
+      for (cudaStream_t st : {sc->kernel[0], sc->kernel[1], sc->engine}) {
+        if (st != nullptr) cudaStreamDestroy(st);
+      }
+      delete sc;
+      return CudaError(e, "cudaStreamCreate");
+    }
+  }
+  if (chunks > sc->capacity) {
+    cudaFreeHost(sc->host);
+    cudaFree(sc->device_chunks);
+    sc->host = nullptr;
+    sc->device_chunks = nullptr;
+    sc->capacity = 0;
+    const uint64_t want = std::max<uint64_t>(chunks, 4096);
+    void *host = nullptr, *dev = nullptr;
+    cudaError_t e = cudaMallocHost(&host, want * sizeof(CopyChunk));
+    if (e == cudaSuccess) e = cudaMalloc(&dev, want * sizeof(CopyChunk));
+    if (e != cudaSuccess) {
+      cudaFreeHost(host);
+      ReleaseScratch(sc);
+      return CudaError(e, "cudaMallocHost/cudaMalloc");
+    }
+    sc->host = static_cast<CopyChunk*>(host);
+    sc->device_chunks = static_cast<CopyChunk*>(dev);
+    sc->capacity = want;
+  }
+  return sc;
+}
+
+// The first batch is small so that the GPU starts at once; each next one doubles.
+constexpr uint64_t kFirstBatch = 512;
+
+}  // namespace
+
+struct CudaCopyBatch::State {
+  int device = 0;
+  int sms = 0;
+  Scratch* sc = nullptr;
+  uint64_t max_chunks = 0;
+  uint64_t added = 0;     // chunks written to sc->host
+  uint64_t launched = 0;  // chunks handed to the GPU
+  uint64_t batches = 0;
+  uint64_t next_launch = kFirstBatch;
+  bool pending = false;   // work was handed over since the last wait
+  cudaError_t error = cudaSuccess;
+
+  void Launch() {
+    if (error != cudaSuccess || added == launched) return;
+    const uint64_t n = added - launched;
+    const cudaStream_t stream = sc->kernel[batches++ % 2];
+    error = cudaMemcpyAsync(sc->device_chunks + launched, sc->host + launched,
+                            n * sizeof(CopyChunk), cudaMemcpyHostToDevice, stream);
+    if (error == cudaSuccess) error = LaunchCopyChunks(sc->device_chunks + launched, n, sms, stream);
+    launched = added;
+    pending = true;
+    next_launch = added + std::max<uint64_t>(n * 2, kFirstBatch);
+  }
+  cudaError_t Wait() {
+    if (!pending) return error;
+    pending = false;
+    for (cudaStream_t st : {sc->kernel[0], sc->kernel[1], sc->engine}) {
+      const cudaError_t e = cudaStreamSynchronize(st);
+      if (error == cudaSuccess) error = e;
+    }
+    return error;
+  }
+};
+
+CudaCopyBatch::CudaCopyBatch(std::unique_ptr<State> state) : state_(std::move(state)) {}
+CudaCopyBatch::CudaCopyBatch(CudaCopyBatch&& other) noexcept = default;
+CudaCopyBatch::~CudaCopyBatch() {
+  if (!state_) return;
+  state_->Wait();
+  ReleaseScratch(state_->sc);
+}
+
+absl::StatusOr<CudaCopyBatch> CudaCopyBatch::Begin(int device, uint64_t max_chunks) {
   RETURN_IF_ERROR(CheckCudaDevice(device));
   FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "cudaSetDevice");
-  // Streams and chunk-list buffers of this thread's own, so that concurrent callers do not
-  // wait on each other; the buffers grow and stay (no allocation per copy).
-  struct Scratch {
-    cudaStream_t kernel = nullptr, engine = nullptr;
-    CopyChunk* host = nullptr;    // pinned
-    CopyChunk* device = nullptr;  // on the GPU
-    size_t capacity = 0;          // chunks
-  };
-  thread_local absl::flat_hash_map<int, Scratch> scratch;
-  auto [it, added] = scratch.try_emplace(device);
-  Scratch& sc = it->second;
-  if (added) {
-    FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&sc.kernel, cudaStreamNonBlocking),
-                               "cudaStreamCreate");
-    FERRY_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&sc.engine, cudaStreamNonBlocking),
-                               "cudaStreamCreate");
+  auto state = std::make_unique<State>();
+  state->device = device;
+  state->sms = SmCount(device);
+  state->max_chunks = max_chunks;
+  ASSIGN_OR_RETURN(state->sc, TakeScratch(device, max_chunks));
+  return CudaCopyBatch(std::move(state));
+}
+
+absl::Status CudaCopyBatch::Add(uint64_t dst, uint64_t src, uint64_t length) {
+  State& s = *state_;
+  if (s.error != cudaSuccess) return CudaError(s.error, "batched copy");
+  if (length >= kCopyEngineBytes) {
+    s.error = cudaMemcpyAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src),
+                              length, cudaMemcpyDefault, s.sc->engine);
+    s.pending = true;
+    return s.error == cudaSuccess ? absl::OkStatus() : CudaError(s.error, "cudaMemcpyAsync");
   }
-  if (chunks.size() > sc.capacity) {
-    cudaFreeHost(sc.host);
-    cudaFree(sc.device);
-    sc.host = nullptr;
-    sc.device = nullptr;
-    sc.capacity = 0;
-    const size_t want = std::max<size_t>(chunks.size(), 4096);
-    void *host = nullptr, *dev = nullptr;
-    FERRY_CUDA_RETURN_IF_ERROR(cudaMallocHost(&host, want * sizeof(CopyChunk)), "cudaMallocHost");
-    sc.host = static_cast<CopyChunk*>(host);
-    FERRY_CUDA_RETURN_IF_ERROR(cudaMalloc(&dev, want * sizeof(CopyChunk)), "cudaMalloc");
-    sc.device = static_cast<CopyChunk*>(dev);
-    sc.capacity = want;
-  }
-  const cudaStream_t kernel_stream = sc.kernel, engine_stream = sc.engine;
-  cudaError_t e = cudaSuccess;
-  for (const CopyPiece& p : large) {
-    if (e == cudaSuccess) {
-      e = cudaMemcpyAsync(reinterpret_cast<void*>(p.dst), reinterpret_cast<const void*>(p.src),
-                          p.length, cudaMemcpyDefault, engine_stream);
+  for (uint64_t done = 0; done < length; done += kCopyChunkBytes) {
+    if (s.added == s.max_chunks) {
+      return absl::InvalidArgumentError("batched copy: more chunks than it was begun for");
     }
+    s.sc->host[s.added++] = {dst + done, src + done, std::min(kCopyChunkBytes, length - done)};
   }
-  if (e == cudaSuccess && !chunks.empty()) {
-    const size_t bytes = chunks.size() * sizeof(CopyChunk);
-    std::memcpy(sc.host, chunks.data(), bytes);
-    e = cudaMemcpyAsync(sc.device, sc.host, bytes, cudaMemcpyHostToDevice, kernel_stream);
-    if (e == cudaSuccess) e = LaunchCopyChunks(sc.device, chunks.size(), SmCount(device), kernel_stream);
-  }
-  const cudaError_t k = cudaStreamSynchronize(kernel_stream);
-  const cudaError_t c = cudaStreamSynchronize(engine_stream);
-  if (e == cudaSuccess) e = k != cudaSuccess ? k : c;
-  if (e != cudaSuccess) return CudaError(e, "batched copy");
+  if (s.added >= s.next_launch) s.Launch();
   return absl::OkStatus();
+}
+
+absl::Status CudaCopyBatch::Finish() {
+  State& s = *state_;
+  s.Launch();
+  const cudaError_t e = s.Wait();
+  return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "batched copy");
+}
+
+uint64_t CopyChunksBound(uint64_t pieces, uint64_t bytes) {
+  return pieces + bytes / kCopyChunkBytes;  // each piece: its whole chunks, plus one part
+}
+
+absl::Status CudaCopyPieces(int device, const std::vector<CopyPiece>& pieces) {
+  uint64_t chunks = 0;
+  for (const CopyPiece& p : pieces) {
+    if (p.length < kCopyEngineBytes) chunks += (p.length + kCopyChunkBytes - 1) / kCopyChunkBytes;
+  }
+  if (pieces.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(CudaCopyBatch batch, CudaCopyBatch::Begin(device, chunks));
+  for (const CopyPiece& p : pieces) RETURN_IF_ERROR(batch.Add(p.dst, p.src, p.length));
+  return batch.Finish();
 }
 
 }  // namespace ferry::engine

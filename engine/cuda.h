@@ -84,6 +84,32 @@ struct CopyPiece {
 inline constexpr uint64_t kCopyEngineBytes = uint64_t{64} << 20;
 absl::Status CudaCopyPieces(int device, const std::vector<CopyPiece>& pieces);
 
+// The most kernel chunks `pieces` pieces of `bytes` bytes in all can take.
+uint64_t CopyChunksBound(uint64_t pieces, uint64_t bytes);
+
+// The same copy built piece by piece: the kernel's work goes to the GPU in growing batches as
+// pieces are added, so that building a long list overlaps the copying. Uses the calling
+// thread's streams and buffers: one batch per thread at a time, begun and finished on it.
+class CudaCopyBatch {
+ public:
+  // At most `max_chunks` kernel chunks will be added (a piece under kCopyEngineBytes of n
+  // bytes takes ceil(n / 256 KiB)). kNotFound / kUnimplemented: no such GPU / no CUDA.
+  static absl::StatusOr<CudaCopyBatch> Begin(int device, uint64_t max_chunks);
+  CudaCopyBatch(CudaCopyBatch&& other) noexcept;
+  CudaCopyBatch& operator=(CudaCopyBatch&&) = delete;
+  // Waits for what was handed to the GPU when Finish was not called.
+  ~CudaCopyBatch();
+  // kInvalidArgument past max_chunks; a CUDA error of an earlier batch.
+  absl::Status Add(uint64_t dst, uint64_t src, uint64_t length);
+  // Hands the rest to the GPU and waits for every copy.
+  absl::Status Finish();
+
+ private:
+  struct State;
+  explicit CudaCopyBatch(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
 }  // namespace ferry::engine
 
 #endif  // FERRY_ENGINE_CUDA_H_

@@ -33,4 +33,14 @@ absl::Status CudaCopyPieces(int, const std::vector<CopyPiece>& pieces) {
   return pieces.empty() ? absl::OkStatus() : NoCuda();
 }
 
+uint64_t CopyChunksBound(uint64_t pieces, uint64_t bytes) { return pieces + bytes / (256 << 10); }
+
+struct CudaCopyBatch::State {};
+CudaCopyBatch::CudaCopyBatch(std::unique_ptr<State> state) : state_(std::move(state)) {}
+CudaCopyBatch::CudaCopyBatch(CudaCopyBatch&& other) noexcept = default;
+CudaCopyBatch::~CudaCopyBatch() = default;
+absl::StatusOr<CudaCopyBatch> CudaCopyBatch::Begin(int, uint64_t) { return NoCuda(); }
+absl::Status CudaCopyBatch::Add(uint64_t, uint64_t, uint64_t) { return NoCuda(); }
+absl::Status CudaCopyBatch::Finish() { return NoCuda(); }
+
 }  // namespace ferry::engine

@@ -242,9 +242,18 @@ absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
     const engine::RegionDescriptor& d = target.regions[e.region];
     dst.push_back({maps[e.region].base.get() + d.ipc_offset + e.offset, e.length, d.device});
   }
-  std::vector<Piece> pieces = PairSpans(dst, src);
-  for (Piece& p : pieces) p.device = engine::Device::Cuda(dst_gpu);
-  RETURN_IF_ERROR(RunPieces(pieces));
+  // Pieces go to the GPU in batches as they are paired: the pairing overlaps the copying.
+  ASSIGN_OR_RETURN(engine::CudaCopyBatch batch,
+                   engine::CudaCopyBatch::Begin(
+                       dst_gpu, engine::CopyChunksBound(dst.size() + src.size(), object.size)));
+  absl::Status added;
+  WalkPairs(dst, src, [&](const Span&, char* dp, const Span&, char* sp, uint64_t n) {
+    if (added.ok()) {
+      added = batch.Add(reinterpret_cast<uint64_t>(dp), reinterpret_cast<uint64_t>(sp), n);
+    }
+  });
+  RETURN_IF_ERROR(added);
+  RETURN_IF_ERROR(batch.Finish());
   return PullStats{object.name, object.version, object.size,
                    absl::ToDoubleSeconds(absl::Now() - start), {}, 0, {},
                    std::string(PathName(PullPath::kCudaIpc)), std::nullopt};

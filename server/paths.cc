@@ -60,20 +60,10 @@ std::vector<Span> Slice(const std::vector<Span>& spans, uint64_t offset, uint64_
 std::vector<Piece> PairSpans(const std::vector<Span>& dst, const std::vector<Span>& src) {
   std::vector<Piece> out;
   out.reserve(std::max(dst.size(), src.size()));
-  size_t i = 0, j = 0;
-  uint64_t di = 0, sj = 0;  // bytes used of dst[i], src[j]
-  while (i < dst.size() && j < src.size()) {
-    const uint64_t n = std::min(dst[i].length - di, src[j].length - sj);
-    const engine::Device device =
-        src[j].device.kind == engine::Device::Kind::kCuda ? src[j].device : dst[i].device;
-    out.push_back({device,
-                   {reinterpret_cast<uint64_t>(dst[i].ptr + di),
-                    reinterpret_cast<uint64_t>(src[j].ptr + sj), n}});
-    di += n;
-    sj += n;
-    if (di == dst[i].length) ++i, di = 0;
-    if (sj == src[j].length) ++j, sj = 0;
-  }
+  WalkPairs(dst, src, [&out](const Span& d, char* dp, const Span& s, char* sp, uint64_t n) {
+    const engine::Device device = s.device.kind == engine::Device::Kind::kCuda ? s.device : d.device;
+    out.push_back({device, {reinterpret_cast<uint64_t>(dp), reinterpret_cast<uint64_t>(sp), n}});
+  });
   return out;
 }
 

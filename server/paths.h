@@ -4,6 +4,7 @@
 #ifndef FERRY_SERVER_PATHS_H_
 #define FERRY_SERVER_PATHS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -57,6 +58,21 @@ struct Piece {
   engine::Device device;
   engine::CopyPiece copy;
 };
+// Walks two span lists of the same total length in step: f(dst, src, n) for each run of n
+// bytes where neither list changes span.
+template <class F>
+void WalkPairs(const std::vector<Span>& dst, const std::vector<Span>& src, F&& f) {
+  size_t i = 0, j = 0;
+  uint64_t di = 0, sj = 0;  // bytes used of dst[i], src[j]
+  while (i < dst.size() && j < src.size()) {
+    const uint64_t n = std::min(dst[i].length - di, src[j].length - sj);
+    f(dst[i], dst[i].ptr + di, src[j], src[j].ptr + sj, n);
+    di += n;
+    sj += n;
+    if (di == dst[i].length) ++i, di = 0;
+    if (sj == src[j].length) ++j, sj = 0;
+  }
+}
 // Pairs two span lists of the same total length into pieces (source spans choose the device,
 // or the destination's when the source is host memory).
 std::vector<Piece> PairSpans(const std::vector<Span>& dst, const std::vector<Span>& src);
