@@ -87,7 +87,8 @@ struct TransferState {
   // The WRITE that carries the immediate, held back until every other WRITE has completed.
   // It lives in `tail_part`, owned by `tail_group`: other groups compare these pointers but
   // never dereference them (the part may already be freed there).
-  WriteOp* tail = nullptr;
+  // Atomic: a group that re-sends it on another rail moves it while others compare it.
+  std::atomic<WriteOp*> tail{nullptr};
   Part* tail_part = nullptr;
   ProgressGroup* tail_group = nullptr;
 
