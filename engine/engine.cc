@@ -87,6 +87,21 @@ absl::StatusOr<std::vector<NicRef>> ProviderNics(std::string_view provider) {
   return out;
 }
 
+void TransferStats::NoteFailedRail(size_t rail) {
+  if (std::find(failed_rails.begin(), failed_rails.end(), rail) == failed_rails.end()) {
+    failed_rails.push_back(rail);
+  }
+}
+
+void TransferStats::Add(const TransferStats& other) {
+  bytes += other.bytes;
+  writes += other.writes;
+  bytes_per_rail.resize(std::max(bytes_per_rail.size(), other.bytes_per_rail.size()));
+  for (size_t r = 0; r < other.bytes_per_rail.size(); ++r) bytes_per_rail[r] += other.bytes_per_rail[r];
+  rerouted_writes += other.rerouted_writes;
+  for (size_t r : other.failed_rails) NoteFailedRail(r);
+}
+
 absl::StatusOr<TransferStats> Transfer::Wait(absl::Time deadline) const {
   TransferState& s = *state_;
   absl::MutexLock lock(&s.mu);
@@ -407,7 +422,8 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
   }
   // Filled at distinct indices by the groups, read after their completions.
   auto fi_addrs = std::make_shared<std::vector<uint64_t>>(rails_.size(), FI_ADDR_NOTAVAIL);
-  std::vector<std::shared_ptr<Completion>> inserted, hellos;
+  std::vector<std::shared_ptr<Completion>> inserted;
+  std::vector<std::pair<size_t, std::shared_ptr<Completion>>> hellos;  // engine rail, its hello
   const std::string hello = EncodeControl(ControlType::kHello, node_id_, "");
   for (size_t g = 0; g < groups_.size(); ++g) {
     auto done = std::make_shared<Completion>();
@@ -415,7 +431,7 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
     for (size_t r = 0; r < rails_.size(); ++r) {
       if (rail_refs_[r].group != g) continue;
       rail_hellos.emplace_back(r, std::make_shared<Completion>());
-      hellos.push_back(rail_hellos.back().second);
+      hellos.push_back(rail_hellos.back());
     }
     groups_[g]->Run([this, fi_addrs, done, rail_hellos, hello,
                      remote = peer.rails](ProgressGroup& pg) {
@@ -447,13 +463,28 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
     absl::Status s = c->Wait(absl::InfiniteFuture());
     if (status.ok()) status = s;
   }
-  for (auto& c : hellos) {
-    absl::Status s = c->Wait(deadline);
-    if (status.ok() && !s.ok()) {
-      status = absl::Status(s.code(), absl::StrCat("warming up peer ", peer.node, ": ", s.message()));
+  const bool inserted_all = status.ok();
+  // Each rail gets rail_stall_timeout to answer. Once one has, the peer is reachable: a rail
+  // that failed or has not answered by then starts resting for this peer, as it would after
+  // failing mid-transfer. When none has, all get until the deadline.
+  std::vector<absl::Status> answers(hellos.size());
+  bool reached = false;
+  const absl::Time grace = std::min(deadline, absl::Now() + options_.rail_stall_timeout);
+  for (size_t i = 0; i < hellos.size(); ++i) {
+    answers[i] = hellos[i].second->Wait(grace);
+    reached = reached || answers[i].ok();
+  }
+  for (size_t i = 0; i < hellos.size() && !reached; ++i) {
+    if (absl::IsDeadlineExceeded(answers[i])) answers[i] = hellos[i].second->Wait(deadline);
+    reached = answers[i].ok();
+  }
+  for (size_t i = 0; i < hellos.size() && status.ok(); ++i) {
+    if (!answers[i].ok()) {
+      status = absl::Status(answers[i].code(), absl::StrCat("warming up peer ", peer.node, ": ",
+                                                            answers[i].message()));
     }
   }
-  if (!status.ok()) {
+  if (!inserted_all || !reached) {
     for (size_t g = 0; g < groups_.size(); ++g) {
       IgnoreError(groups_[g]->RunAndWait([addrs = GroupAddresses(g, *fi_addrs)](ProgressGroup& pg) {
         pg.RemoveAddresses(addrs);
@@ -461,6 +492,13 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
       }));
     }
     return status;
+  }
+  for (size_t i = 0; i < hellos.size(); ++i) {
+    if (answers[i].ok()) continue;
+    const RailRef& ref = rail_refs_[hellos[i].first];
+    groups_[ref.group]->Run([ref, id, why = answers[i]](ProgressGroup& pg) {
+      pg.RailDown(ref.index_in_group, id, why);
+    });
   }
   absl::MutexLock lock(&mu_);
   peers_.emplace(id, Peer{peer, *fi_addrs});

@@ -112,6 +112,11 @@ struct TransferStats {
   // indices) that failed during the transfer.
   uint64_t rerouted_writes = 0;
   std::vector<size_t> failed_rails;
+
+  // Adds the rail to failed_rails unless it is there.
+  void NoteFailedRail(size_t rail);
+  // Sums another transfer's stats into these (seconds aside).
+  void Add(const TransferStats& other);
 };
 
 // What to move: local source extents (region = RegionId) into remote destination extents
@@ -217,9 +222,11 @@ class Engine {
   absl::StatusOr<RegionDescriptor> Describe(RegionId id) const;
 
   // Inserts the peer into every rail's AV (local rail i talks to the peer's rail i mod its
-  // rail count) and warms every rail pair with one small message, waiting for all of them.
-  // Adding the same address again returns the same id. kInvalidArgument: no rails or a bad
-  // address. kUnavailable / kDeadlineExceeded: the warm-up did not complete.
+  // rail count) and warms every rail pair with one small message. Once one rail has answered,
+  // a rail that failed or gave no answer within rail_stall_timeout rests for this peer (as a
+  // rail failing mid-transfer does). Adding the same address again returns the same id.
+  // kInvalidArgument: no rails or a bad address. kUnavailable / kDeadlineExceeded: no rail
+  // answered by the deadline.
   absl::StatusOr<PeerId> AddPeer(const PeerAddress& peer,
                                  absl::Time deadline = absl::InfiniteFuture());
   // Fails running transfers to the peer with kUnavailable and removes it from the AVs.

@@ -322,6 +322,7 @@ bool ProgressGroup::PostWrites(RailState& rs) {
     WriteOp* next = QueueFront(rs);
     ++burst;
     ++rs.in_flight;  // counted before the post: `more` must know whether `next` fits
+    op->seq = ++rs.posts;
     rs.in_flight_bytes += op->length;
     const bool more = next != nullptr && burst < kPostBurst && room(next);
     iovec iov = {op->local, op->length};
@@ -467,6 +468,11 @@ void ProgressGroup::OnWriteDone(WriteOp* op, const absl::Status& status) {
     }
   }
   op->done = true;
+  op->failed = !status.ok();
+  if (status.ok() && op->posted && op->deliver) {
+    part->delivered.resize(rails_.size());
+    part->delivered[op->rail] = std::max(part->delivered[op->rail], op->seq);
+  }
   if (op->abandoned) {  // its bytes went again on another rail
     --part->unresolved;
     if (!part->dead && t->finished.load(std::memory_order_acquire)) {
@@ -601,10 +607,7 @@ void ProgressGroup::Retarget(WriteOp* op, size_t rail) {
   t.stats.bytes_per_rail[from] -= op->length;
   t.stats.bytes_per_rail[to] += op->length;
   ++t.stats.rerouted_writes;
-  if (std::find(t.stats.failed_rails.begin(), t.stats.failed_rails.end(), from) ==
-      t.stats.failed_rails.end()) {
-    t.stats.failed_rails.push_back(from);
-  }
+  t.stats.NoteFailedRail(from);
 }
 
 void ProgressGroup::RailDown(size_t rail, PeerId peer, const absl::Status& why) {
@@ -628,6 +631,35 @@ void ProgressGroup::RailDown(size_t rail, PeerId peer, const absl::Status& why) 
     return true;
   });
   for (WriteOp* op : moving) Route(op, peer, now);  // with no other rail it waits for this one
+  ResendUndelivered(rail, peer);
+}
+
+void ProgressGroup::ResendUndelivered(size_t rail, PeerId peer) {
+  for (auto& [p, owned] : parts_) {
+    TransferState& t = *p->transfer;
+    if (p->dead || t.peer != peer || t.finished.load(std::memory_order_acquire)) continue;
+    const uint64_t vouched = rail < p->delivered.size() ? p->delivered[rail] : 0;
+    auto undelivered = [&](const WriteOp& op) {
+      return op.rail == rail && op.done && !op.failed && op.posted && !op.abandoned &&
+             op.seq > vouched;
+    };
+    bool lost = false;
+    auto resend = [&](WriteOp& op) {
+      if (!undelivered(op)) return;
+      if (!Resend(&op)) {
+        lost = true;
+        return;
+      }
+      ++p->data_unresolved;  // it had resolved; its copy resolves it again
+    };
+    for (WriteOp& op : p->ops) resend(op);
+    for (size_t i = 0, n = p->resent.size(); i < n; ++i) resend(p->resent[i]);
+    if (lost) {
+      t.Finish(absl::UnavailableError(absl::StrCat(
+          "every rail to peer ", peer, " is down (rail ", engine_->EngineRail(index_, rail),
+          " failed with WRITEs not known to have arrived)")));
+    }
+  }
 }
 
 bool ProgressGroup::Resend(WriteOp* op) {
@@ -637,7 +669,7 @@ bool ProgressGroup::Resend(WriteOp* op) {
   if (k < 0) return false;
   WriteOp& copy = part.resent.emplace_back(*op);
   copy.ctx = {};
-  copy.posted = copy.done = copy.abandoned = false;
+  copy.posted = copy.done = copy.failed = copy.abandoned = false;
   Retarget(&copy, static_cast<size_t>(k));
   op->abandoned = true;
   ++part.unresolved;

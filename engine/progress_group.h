@@ -56,8 +56,10 @@ struct WriteOp : OpBase {
   uint64_t data = 0;
   RegionId src_region = 0;  // what a move to another rail looks up in its Part
   size_t dst_region = 0;
+  uint64_t seq = 0;        // its rail's post count when it was posted
   bool posted = false;     // handed to the provider (its completion is still to come)
   bool done = false;       // its completion came
+  bool failed = false;     // ... with an error
   bool abandoned = false;  // stalled and sent again elsewhere: its completion changes nothing
 };
 
@@ -111,6 +113,10 @@ struct Part {
   std::vector<fi_addr_t> dest;
   absl::flat_hash_map<RegionId, std::vector<void*>> src_descs;
   std::vector<std::vector<uint64_t>> dst_keys;
+  // Per rail of the group: the post count of the last delivery-complete WRITE of this part
+  // that completed there. On a rail that keeps WRITEs in order it vouches for every earlier
+  // one; a WRITE posted after it that completed at transmit may still sit in the rail's queues.
+  std::vector<uint64_t> delivered;
   size_t unresolved = 0;     // ops not yet completed, failed or dropped (tail included)
   size_t data_unresolved = 0;
   bool dead = false;
@@ -155,6 +161,8 @@ class ProgressGroup {
   // Posts a control message (already framed) on rail `rail`.
   void QueueSend(size_t rail, fi_addr_t dest, std::string message,
                  std::shared_ptr<Completion> done);
+  // The rail failed for the peer: it rests, its queued WRITEs to the peer move elsewhere.
+  void RailDown(size_t rail, PeerId peer, const absl::Status& why);
 
  private:
   // How a rail is doing with one peer.
@@ -172,6 +180,7 @@ class ProgressGroup {
     uint64_t in_flight_bytes = 0;
     absl::flat_hash_map<PeerId, PeerHealth> health;
     size_t depth = 0;
+    uint64_t posts = 0;  // WRITEs ever posted (their seq)
     // Control: one registered arena of receive buffers then send slots.
     std::vector<char> arena;
     RailMr arena_mr;
@@ -210,10 +219,12 @@ class ProgressGroup {
   int PickRail(PeerId peer, size_t except, absl::Time now);
   // Points `op` (not posted) at `rail`.
   void Retarget(WriteOp* op, size_t rail);
-  // The rail failed for the peer: it rests, its queued WRITEs to the peer move elsewhere.
-  void RailDown(size_t rail, PeerId peer, const absl::Status& why);
   // Sends `op` (posted, failed or stalled) again on another usable rail; false when none.
   bool Resend(WriteOp* op);
+  // After `rail` went down for the peer: its WRITEs that completed at transmit without a
+  // delivery completion behind them go again on other rails (their bytes may never have left
+  // the rail). A transfer that cannot place them fails.
+  void ResendUndelivered(size_t rail, PeerId peer);
   // Rails with WRITEs in flight and no completion for rail_stall_timeout go down; their
   // posted WRITEs are abandoned and sent again.
   void CheckStalls(absl::Time now);

@@ -302,21 +302,12 @@ absl::StatusOr<PullStats> Node::ServeStaged(const metadata::ObjectRecord& object
   const absl::Time start = absl::Now();
   const uint64_t chunks = Chunks(object.size, slot_bytes);
   std::vector<std::optional<engine::Transfer>> in_flight(ring->slots());
-  PullStats stats{object.name, object.version, 0, 0, {}, 0, {},
-                  std::string(PathName(PullPath::kStaged)), std::nullopt};
+  engine::TransferStats moved;
   auto retire = [&](std::optional<engine::Transfer>& t) -> absl::Status {
     if (!t) return absl::OkStatus();
     ASSIGN_OR_RETURN(engine::TransferStats s, t->Wait());
     t.reset();
-    stats.bytes += s.bytes;
-    stats.bytes_per_rail.resize(std::max(stats.bytes_per_rail.size(), s.bytes_per_rail.size()));
-    for (size_t r = 0; r < s.bytes_per_rail.size(); ++r) stats.bytes_per_rail[r] += s.bytes_per_rail[r];
-    stats.rerouted_writes += s.rerouted_writes;
-    for (size_t r : s.failed_rails) {
-      if (std::find(stats.failed_rails.begin(), stats.failed_rails.end(), r) == stats.failed_rails.end()) {
-        stats.failed_rails.push_back(r);
-      }
-    }
+    moved.Add(s);
     return absl::OkStatus();
   };
   absl::Status status;
@@ -370,8 +361,11 @@ absl::StatusOr<PullStats> Node::ServeStaged(const metadata::ObjectRecord& object
     ring->Poison();
     return status;
   }
-  stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  return stats;
+  return PullStats{object.name,         object.version,
+                   moved.bytes,         absl::ToDoubleSeconds(absl::Now() - start),
+                   moved.bytes_per_rail, moved.rerouted_writes,
+                   moved.failed_rails,  std::string(PathName(PullPath::kStaged)),
+                   std::nullopt};
 }
 
 void Node::OnControl(std::string_view sender, std::string_view payload) {
