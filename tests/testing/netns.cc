@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <numeric>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "tests/testing/subprocess.h"
 
 namespace ferry::testing {
@@ -25,17 +28,42 @@ std::vector<std::string> Words(const std::string& s) {
 
 absl::Status Run(const std::vector<std::string>& argv) { return RunCommand(argv).status(); }
 
-// Deletes the namespaces of beds whose process is gone (killed before its destructor ran).
+bool Gone(absl::string_view pid_text) {
+  int pid = 0;
+  return absl::SimpleAtoi(pid_text, &pid) && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+// Deletes the namespaces and host-side veths of beds whose process is gone (killed before its
+// destructor ran).
 void RemoveLeftovers() {
-  auto list = RunCommand({"ip", "netns", "list"});
-  if (!list.ok()) return;
-  for (absl::string_view line : absl::StrSplit(*list, '\n', absl::SkipEmpty())) {
-    const std::string name(line.substr(0, line.find(' ')));
-    if (name.rfind(kNsPrefix, 0) != 0) continue;
-    const std::string rest = name.substr(sizeof(kNsPrefix) - 1);
-    int pid = 0;
-    if (!absl::SimpleAtoi(rest.substr(0, rest.find('-')), &pid) || pid <= 0) continue;
-    if (kill(pid, 0) != 0 && errno == ESRCH) (void)Run({"ip", "netns", "del", name});
+  if (auto list = RunCommand({"ip", "netns", "list"}); list.ok()) {
+    for (absl::string_view line : absl::StrSplit(*list, '\n', absl::SkipEmpty())) {
+      const std::string name(line.substr(0, line.find(' ')));
+      if (name.rfind(kNsPrefix, 0) != 0) continue;
+      const std::string rest = name.substr(sizeof(kNsPrefix) - 1);
+      if (!Gone(rest.substr(0, rest.find('-')))) continue;
+      // Its ferryd outlived the test (killed by a timeout): they go first.
+      if (auto pids = RunCommand({"ip", "netns", "pids", name}); pids.ok()) {
+        for (absl::string_view p : absl::StrSplit(*pids, '\n', absl::SkipEmpty())) {
+          int pid = 0;
+          if (absl::SimpleAtoi(p, &pid) && pid > 0) kill(pid, SIGKILL);
+        }
+      }
+      (void)Run({"ip", "netns", "del", name});
+    }
+  }
+  // "7: fh1234a@if6: <BROADCAST,..." per link.
+  if (auto links = RunCommand({"ip", "-o", "link", "show"}); links.ok()) {
+    for (absl::string_view line : absl::StrSplit(*links, '\n', absl::SkipEmpty())) {
+      const size_t colon = line.find(": ");
+      if (colon == absl::string_view::npos) continue;
+      absl::string_view name = line.substr(colon + 2);
+      name = name.substr(0, name.find_first_of("@:"));
+      if (name.size() < 4 || name.substr(0, 2) != "fh" || (name.back() != 'a' && name.back() != 'b')) {
+        continue;
+      }
+      if (Gone(name.substr(2, name.size() - 3))) (void)Run({"ip", "link", "del", std::string(name)});
+    }
   }
 }
 
@@ -47,6 +75,9 @@ TestBed::TestBed(const TestBedOptions& options) : options_(options), tag_(std::t
 }
 
 TestBed::~TestBed() {
+  // The host-side veths first: a namespace goes away asynchronously, and with it the veths
+  // into it, some time after `ip netns del` returns.
+  for (Side side : {kA, kB}) (void)Run({"ip", "link", "del", HostInterface(side)});
   for (const std::string& ns : ns_) (void)Run({"ip", "netns", "del", ns});
 }
 
@@ -74,14 +105,43 @@ std::string TestBed::PeerAddress(Side side) const {
   return absl::StrCat("10.213.0.", side == kA ? 1 : 2);
 }
 
-std::string TestBed::HostAddress(Side side) const {
-  return absl::StrCat("10.213.", side == kA ? 1 : 2, ".2");
+// Each bed's host links have subnets of their own (10.213.1.0/24 to 10.213.200.0/24, after
+// the process id), so beds of two processes can coexist.
+std::string TestBed::HostSubnet(Side side) const {
+  return absl::StrCat("10.213.", 1 + 2 * (getpid() % 100) + side, ".");
+}
+
+std::string TestBed::HostAddress(Side side) const { return HostSubnet(side) + "2"; }
+
+std::string TestBed::HostInterface(Side side) const {
+  return absl::StrCat("fh", tag_, side == kA ? "a" : "b");
 }
 
 absl::Status TestBed::Ip(Side side, const std::string& args) {
   std::vector<std::string> argv = {"ip", "-n", ns_[side]};
   for (std::string& w : Words(args)) argv.push_back(std::move(w));
   return Run(argv);
+}
+
+absl::Status TestBed::WaitUntilUp(const std::vector<size_t>& rails) {
+  // The kernel reports a veth's operational state (IFF_RUNNING, which the tcp provider wants
+  // before it lists the interface as a domain) up to a second after the link is set up.
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  for (Side side : {kA, kB}) {
+    for (size_t i : rails) {
+      const std::string name = RailInterface(side, i);
+      for (;;) {
+        auto out = RunCommand({"ip", "-n", ns_[side], "-o", "link", "show", "dev", name});
+        if (!out.ok()) return out.status();
+        if (absl::StrContains(*out, " state UP ")) break;
+        if (absl::Now() > give_up) {
+          return absl::DeadlineExceededError(absl::StrCat(name, " in ", ns_[side], " is not up"));
+        }
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status TestBed::Build() {
@@ -134,8 +194,8 @@ absl::Status TestBed::Build() {
   }
   // This process reaches each side over a veth of its own, named after the process.
   for (Side side : {kA, kB}) {
-    const std::string host_if = absl::StrCat("fh", tag_, side == kA ? "a" : "b");
-    const std::string host_addr = absl::StrCat("10.213.", side == kA ? 1 : 2, ".1/24");
+    const std::string host_if = HostInterface(side);
+    const std::string host_addr = HostSubnet(side) + "1/24";
     if (absl::Status s = Run(Words(absl::StrCat("ip link add ", host_if, " type veth peer name fh netns ",
                                                 ns_[side])));
         !s.ok()) {
@@ -152,7 +212,9 @@ absl::Status TestBed::Build() {
     }
     if (absl::Status s = Ip(side, "link set fh up"); !s.ok()) return s;
   }
-  return absl::OkStatus();
+  std::vector<size_t> all(options_.rails);
+  std::iota(all.begin(), all.end(), 0);
+  return WaitUntilUp(all);
 }
 
 absl::Status TestBed::SetRail(size_t i, bool up) {
@@ -163,7 +225,7 @@ absl::Status TestBed::SetRail(size_t i, bool up) {
       return s;
     }
   }
-  return absl::OkStatus();
+  return up ? WaitUntilUp({i}) : absl::OkStatus();
 }
 
 }  // namespace ferry::testing

@@ -1,8 +1,8 @@
 // A two-host test bed on one machine: network namespaces A and B joined by N veth pairs (the
 // rails), each with its own subnet, a jumbo MTU and a tbf rate in both directions, plus an
 // unshaped control link A<->B and one from this process's namespace to each of them (HTTP).
-// Everything is created by Create and removed by the destructor (deleting a namespace deletes
-// its veths); beds left behind by a killed process are removed by the next Create. Needs root.
+// Everything is created by Create and removed by the destructor; beds left behind by a killed
+// process are removed by the next Create. Needs root.
 #ifndef FERRY_TESTS_TESTING_NETNS_H_
 #define FERRY_TESTS_TESTING_NETNS_H_
 
@@ -41,13 +41,16 @@ class TestBed {
   // The side's address on the A<->B control link, and the address this process reaches it at.
   std::string PeerAddress(Side side) const;
   std::string HostAddress(Side side) const;
-  // Takes rail i down (both ends) or brings it back up.
+  // Takes rail i down (both ends) or brings it back up (returning once both ends report up).
   absl::Status SetRail(size_t i, bool up);
 
  private:
   explicit TestBed(const TestBedOptions& options);
   absl::Status Build();
   absl::Status Ip(Side side, const std::string& args);
+  absl::Status WaitUntilUp(const std::vector<size_t>& rails);
+  std::string HostSubnet(Side side) const;     // "10.213.N."
+  std::string HostInterface(Side side) const;  // this process's veth into the side
 
   TestBedOptions options_;
   std::string tag_;  // unique per process: names the namespaces and host-side veths
