@@ -18,6 +18,15 @@
 #include "tests/testing/ferryd_process.h"
 
 namespace ferry::bench {
+
+absl::StatusOr<uint64_t> NewRegion(httplib::Client& c, uint64_t size) {
+  auto r = c.Post("/v1/regions", nlohmann::json{{"size", size}}.dump(), "application/json");
+  if (!r || r->status != 201) {
+    return absl::UnavailableError("POST /v1/regions: " + (r ? r->body : std::string("no answer")));
+  }
+  return nlohmann::json::parse(r->body)["id"].get<uint64_t>();
+}
+
 namespace {
 
 using json = nlohmann::json;
@@ -48,11 +57,6 @@ void Row(const NodeFlags& f, const json& j, const std::string& text) {
 }
 
 // Creates a zero-filled region of `size` on `node` and returns its id.
-uint64_t NewRegion(httplib::Client& c, uint64_t size) {
-  auto r = c.Post("/v1/regions", json{{"size", size}}.dump(), "application/json");
-  return r && r->status == 201 ? json::parse(r->body)["id"].get<uint64_t>() : 0;
-}
-
 // Times `iters` pulls (after `warmup` untimed ones) of a `size`-byte object that node A (ca)
 // holds in a region of its own into a region of node B (cb): wall seconds of each
 // POST /v1/pulls and the source engine's seconds for its WRITEs. The object and both regions
@@ -63,7 +67,11 @@ struct PullTimes {
 absl::StatusOr<PullTimes> TimePulls(httplib::Client& ca, httplib::Client& cb,
                                     const std::string& a_url, uint64_t size, int warmup,
                                     int iters) {
-  const uint64_t src = NewRegion(ca, size), dst = NewRegion(cb, size);
+  auto src_region = NewRegion(ca, size);
+  auto dst_region = NewRegion(cb, size);
+  if (!src_region.ok()) return src_region.status();
+  if (!dst_region.ok()) return dst_region.status();
+  const uint64_t src = *src_region, dst = *dst_region;
   const std::string name = "bench" + std::to_string(size);
   auto extent = [size](uint64_t region) {
     return json::array({{{"region", region}, {"offset", 0}, {"length", size}}});

@@ -7,7 +7,16 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+
+namespace httplib {
+class Client;
+}
+
 namespace ferry::bench {
+
+// POST /v1/regions on the node: a new host region of `size` bytes; its id.
+absl::StatusOr<uint64_t> NewRegion(httplib::Client& c, uint64_t size);
 
 struct NodeFlags {
   std::string ferryd;

@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
 #include "server/node.h"
+#include "tests/bench/node_bench.h"
 #include "tests/testing/ferryd_process.h"
 #include "tests/testing/netns.h"
 #include "tests/testing/subprocess.h"
@@ -56,14 +57,6 @@ std::vector<metadata::ObjectExtent> Scattered(uint64_t region, uint64_t size, ui
   std::vector<metadata::ObjectExtent> extents;
   for (uint64_t i : order) extents.push_back({region, i * piece, piece});
   return extents;
-}
-
-absl::StatusOr<uint64_t> NewRegion(httplib::Client& c, uint64_t size) {
-  auto r = c.Post("/v1/regions", json{{"size", size}}.dump(), "application/json");
-  if (!r || r->status != 201) {
-    return absl::UnavailableError("POST /v1/regions: " + (r ? r->body : std::string("no answer")));
-  }
-  return json::parse(r->body)["id"].get<uint64_t>();
 }
 
 // Sum of what N concurrent iperf3 streams (A -> B, one per rail) delivered, bits/s.
