@@ -50,10 +50,11 @@ bool CudaOk(cudaError_t e, const char* what) {
 
 // cudaMemcpyPeer of `size` bytes from GPU `src` to GPU `dst` (or within one GPU), the
 // device-to-pinned-host copy rate of GPU `src`, and ferry's batched copy alone (no node, no
-// HTTP: CudaCopyPieces on GPU `dst`) for each piece count: seconds, median.
+// HTTP: CudaCopyPieces on GPU `dst`, reading over NVLink, and on GPU `src`, writing over it)
+// for each piece count: seconds, median.
 struct Baselines {
   double peer = 0, d2h = 0;
-  std::vector<double> pieces;  // per f.pieces
+  std::vector<double> pieces, pushed;  // per f.pieces
 };
 std::optional<Baselines> MeasureBaselines(int src, int dst, uint64_t size, int iters,
                                           const std::vector<uint64_t>& piece_counts) {
@@ -71,7 +72,9 @@ std::optional<Baselines> MeasureBaselines(int src, int dst, uint64_t size, int i
     cudaDeviceSynchronize();
   });
   out.d2h = TimeIt(iters, [&] { cudaMemcpy(h, a, size, cudaMemcpyDeviceToHost); });
-  if (!engine::CudaEnablePeerAccess(dst, src).ok()) return std::nullopt;
+  if (!engine::CudaEnablePeerAccess(dst, src).ok() || !engine::CudaEnablePeerAccess(src, dst).ok()) {
+    return std::nullopt;
+  }
   for (uint64_t count : piece_counts) {
     std::vector<uint64_t> order(count);
     std::iota(order.begin(), order.end(), 0);
@@ -83,6 +86,7 @@ std::optional<Baselines> MeasureBaselines(int src, int dst, uint64_t size, int i
                         reinterpret_cast<uint64_t>(a) + i * piece, piece});
     }
     out.pieces.push_back(TimeIt(iters, [&] { (void)engine::CudaCopyPieces(dst, copies); }));
+    out.pushed.push_back(TimeIt(iters, [&] { (void)engine::CudaCopyPieces(src, copies); }));
   }
   cudaFree(a);
   cudaFreeHost(h);
@@ -165,6 +169,11 @@ int RunGpuBench(const GpuFlags& f) {
          {"piece_bytes", f.size / n}, {"bytes", f.size}, {"gb_per_sec", gb / base->pieces[i]}},
         absl::StrCat("CudaCopyPieces alone, ", n, " x ", f.size / n, " B shuffled, ", src_dev,
                      " -> ", dst_dev, ": ", gb / base->pieces[i], " GB/s"));
+    row({{"bench", "gpu_baseline"}, {"what", "batched_copy_pushed"}, {"pieces", n},
+         {"piece_bytes", f.size / n}, {"bytes", f.size}, {"gb_per_sec", gb / base->pushed[i]}},
+        absl::StrCat("CudaCopyPieces alone on the source GPU, ", n, " x ", f.size / n,
+                     " B shuffled, ", src_dev, " -> ", dst_dev, ": ", gb / base->pushed[i],
+                     " GB/s"));
   }
   const uint64_t src_region = NewRegion(ca, src_dev, f.size);
   const uint64_t dst_region = NewRegion(cb, dst_dev, f.size);
