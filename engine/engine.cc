@@ -100,6 +100,10 @@ void TransferStats::Add(const TransferStats& other) {
   for (size_t r = 0; r < other.bytes_per_rail.size(); ++r) bytes_per_rail[r] += other.bytes_per_rail[r];
   rerouted_writes += other.rerouted_writes;
   for (size_t r : other.failed_rails) NoteFailedRail(r);
+  rail_seconds.resize(std::max(rail_seconds.size(), other.rail_seconds.size()));
+  for (size_t r = 0; r < other.rail_seconds.size(); ++r) {
+    rail_seconds[r] = std::max(rail_seconds[r], other.rail_seconds[r]);
+  }
 }
 
 absl::StatusOr<TransferStats> Transfer::Wait(absl::Time deadline) const {
@@ -616,6 +620,7 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
       state->stats.bytes = plan.bytes;
       state->stats.writes = plan.writes;
       state->stats.bytes_per_rail.resize(rails_.size());
+      state->stats.rail_seconds.resize(rails_.size());
       for (size_t r = 0; r < rails_.size(); ++r) {
         for (const PlannedWrite& w : plan.rails[r]) state->stats.bytes_per_rail[r] += w.length;
       }

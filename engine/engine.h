@@ -112,6 +112,8 @@ struct TransferStats {
   // indices) that failed during the transfer.
   uint64_t rerouted_writes = 0;
   std::vector<size_t> failed_rails;
+  // Per rail: seconds from submission to the last completion of its WRITEs (0: none).
+  std::vector<double> rail_seconds;
 
   // Adds the rail to failed_rails unless it is there.
   void NoteFailedRail(size_t rail);

@@ -469,6 +469,11 @@ void ProgressGroup::OnWriteDone(WriteOp* op, const absl::Status& status) {
   }
   op->done = true;
   op->failed = !status.ok();
+  if (status.ok() && op->posted) {
+    absl::MutexLock lock(&t->mu);
+    double& s = t->stats.rail_seconds[engine_->EngineRail(index_, op->rail)];
+    s = std::max(s, absl::ToDoubleSeconds(absl::Now() - t->start));
+  }
   if (status.ok() && op->posted && op->deliver) {
     part->delivered.resize(rails_.size());
     part->delivered[op->rail] = std::max(part->delivered[op->rail], op->seq);

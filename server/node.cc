@@ -139,6 +139,7 @@ nlohmann::json ToJson(const PullStats& s) {
                       {"bytes", s.bytes},     {"seconds", s.seconds},
                       {"path", s.path},       {"bytes_per_rail", s.bytes_per_rail},
                       {"rerouted_writes", s.rerouted_writes}, {"failed_rails", s.failed_rails},
+                      {"rail_seconds", s.rail_seconds},
                       {"gbps", s.seconds > 0 ? static_cast<double>(s.bytes) * 8 / s.seconds / 1e9
                                              : 0.0}};
   if (s.region) j["region"] = *s.region;

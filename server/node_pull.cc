@@ -190,7 +190,7 @@ absl::StatusOr<PullStats> Node::ServeRdma(const metadata::ObjectRecord& object, 
   return PullStats{object.name,          object.version,        stats.bytes,
                    stats.seconds,        stats.bytes_per_rail,  stats.rerouted_writes,
                    stats.failed_rails,   std::string(PathName(PullPath::kRdma)),
-                   std::nullopt};
+                   std::nullopt,         stats.rail_seconds};
 }
 
 absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
@@ -622,6 +622,7 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
   if (j.contains("bytes_per_rail")) stats.bytes_per_rail = j["bytes_per_rail"].get<std::vector<uint64_t>>();
   stats.rerouted_writes = j.value("rerouted_writes", uint64_t{0});
   if (j.contains("failed_rails")) stats.failed_rails = j["failed_rails"].get<std::vector<size_t>>();
+  if (j.contains("rail_seconds")) stats.rail_seconds = j["rail_seconds"].get<std::vector<double>>();
   // Staged bytes are in place only once this side has copied the last chunk in.
   if (chosen == PullPath::kStaged) stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (new_region) {

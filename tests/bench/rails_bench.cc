@@ -191,6 +191,9 @@ absl::Status RunConfig(const RailsFlags& f, const Config& c, const std::filesyst
     const double cpu_dst = (CpuSeconds(nodes[1].proc->pid()) - cpu_b) / gb;
     const auto per_rail = (*stats)["bytes_per_rail"].get<std::vector<uint64_t>>();
     const auto [lo, hi] = std::minmax_element(per_rail.begin(), per_rail.end());
+    // When the first and the last rail finished, seconds after the source began.
+    const auto rail_secs = (*stats)["rail_seconds"].get<std::vector<double>>();
+    const auto [first, last] = std::minmax_element(rail_secs.begin(), rail_secs.end());
     const double eff = static_cast<double>(f.size) * 8 / secs / line_bps;
     const double ceiling = *iperf / line_bps;
     if (f.json) {
@@ -199,14 +202,17 @@ absl::Status RunConfig(const RailsFlags& f, const Config& c, const std::filesyst
                         {"goodput_mbit", static_cast<double>(f.size) * 8 / secs / 1e6},
                         {"efficiency", eff}, {"iperf3_efficiency", ceiling},
                         {"ratio_to_iperf3", eff / ceiling}, {"bytes_per_rail", per_rail},
+                        {"rail_seconds", rail_secs},
                         {"cpu_s_per_gb_source", cpu_src}, {"cpu_s_per_gb_destination", cpu_dst}}
                        .dump()
                 << std::endl;
     } else {
-      std::printf("%5zu %6llu %8llu %8.3f %9.1f %7.2f%% %7.2f%% %6.3f %11.4f %9.2f %9.2f\n", c.rails,
-                  static_cast<unsigned long long>(c.mbit), static_cast<unsigned long long>(piece),
-                  secs, static_cast<double>(f.size) * 8 / secs / 1e6, 100 * eff, 100 * ceiling,
-                  eff / ceiling, static_cast<double>(*lo) / static_cast<double>(*hi), cpu_src,
+      std::printf("%5zu %6llu %8llu %8.3f %9.1f %7.2f%% %7.2f%% %6.3f %11.4f %6.3f-%-6.3f %9.2f %9.2f\n",
+                  c.rails, static_cast<unsigned long long>(c.mbit),
+                  static_cast<unsigned long long>(piece), secs,
+                  static_cast<double>(f.size) * 8 / secs / 1e6, 100 * eff, 100 * ceiling,
+                  eff / ceiling, static_cast<double>(*lo) / static_cast<double>(*hi),
+                  rail_secs.empty() ? 0.0 : *first, rail_secs.empty() ? 0.0 : *last, cpu_src,
                   cpu_dst);
       std::fflush(stdout);
     }
@@ -231,9 +237,9 @@ int RunRailsBench(const RailsFlags& f) {
     std::printf("# ferry-bench rails: %llu-byte scattered object pulled A -> B over N veth rails "
                 "(MTU 9000, tbf each way), tcp provider; iperf3: N streams, %d s\n",
                 static_cast<unsigned long long>(f.size), f.iperf_seconds);
-    std::printf("%5s %6s %8s %8s %9s %8s %8s %6s %11s %9s %9s\n", "rails", "Mbit", "piece",
-                "seconds", "Mbit/s", "effic.", "iperf3", "ratio", "min/max rail", "cpu s/GB A",
-                "cpu s/GB B");
+    std::printf("%5s %6s %8s %8s %9s %8s %8s %6s %11s %13s %9s %9s\n", "rails", "Mbit", "piece",
+                "seconds", "Mbit/s", "effic.", "iperf3", "ratio", "min/max rail", "rails done s",
+                "cpu s/GB A", "cpu s/GB B");
   }
   const auto dir = std::filesystem::temp_directory_path() / ("ferry-bench-rails-" + std::to_string(getpid()));
   for (const Config& c : configs) {

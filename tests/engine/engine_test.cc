@@ -133,16 +133,18 @@ class EngineTest : public ::testing::TestWithParam<Params> {
   PeerId peer_id_ = 0;
 };
 
-TEST(TransferStatsTest, AddSumsPerRailAndKeepsEachFailedRailOnce) {
+TEST(TransferStatsTest, AddSumsPerRailKeepsEachFailedRailOnceAndTheLatestFinish) {
   TransferStats total;
-  total.Add({.bytes = 10, .writes = 2, .bytes_per_rail = {10}, .failed_rails = {0}});
+  total.Add({.bytes = 10, .writes = 2, .bytes_per_rail = {10}, .failed_rails = {0},
+             .rail_seconds = {0.5}});
   total.Add({.bytes = 7, .writes = 1, .bytes_per_rail = {3, 4}, .rerouted_writes = 1,
-             .failed_rails = {1, 0}});
+             .failed_rails = {1, 0}, .rail_seconds = {0.25, 0.75}});
   EXPECT_EQ(total.bytes, 17u);
   EXPECT_EQ(total.writes, 3u);
   EXPECT_EQ(total.bytes_per_rail, (std::vector<uint64_t>{13, 4}));
   EXPECT_EQ(total.rerouted_writes, 1u);
   EXPECT_EQ(total.failed_rails, (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(total.rail_seconds, (std::vector<double>{0.5, 0.75}));
 }
 
 TEST_P(EngineTest, MovesRandomNonContiguousLayoutsByteForByte) {

@@ -184,6 +184,13 @@ TEST_F(RailsTest, NodesWithFourAndTwoRailsPullBothWays) {
   ASSERT_TRUE(to_a.is_object());
   EXPECT_EQ(to_b["bytes_per_rail"].size(), 4u);
   EXPECT_EQ(to_a["bytes_per_rail"].size(), 2u);
+  // Every rail carried bytes, so every rail has a finish time within the pull's own.
+  for (const json* stats : {&to_b, &to_a}) {
+    const auto finished = (*stats)["rail_seconds"].get<std::vector<double>>();
+    EXPECT_EQ(finished.size(), (*stats)["bytes_per_rail"].size());
+    EXPECT_THAT(finished, Each(Gt(0.0)));
+    EXPECT_THAT(finished, Each(::testing::Le((*stats)["seconds"].get<double>())));
+  }
   ExpectObject(TestBed::kB, "got-a", a_data);
   ExpectObject(TestBed::kA, "got-b", b_data);
 }
