@@ -112,7 +112,8 @@ struct TransferStats {
   // indices) that failed during the transfer.
   uint64_t rerouted_writes = 0;
   std::vector<size_t> failed_rails;
-  // Per rail: seconds from submission to the last completion of its WRITEs (0: none).
+  // Per rail: seconds from submission to the last delivery completion of its WRITEs, which
+  // on a rail that orders WRITEs vouches for all of them (0: none).
   std::vector<double> rail_seconds;
 
   // Adds the rail to failed_rails unless it is there.

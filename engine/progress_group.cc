@@ -469,14 +469,14 @@ void ProgressGroup::OnWriteDone(WriteOp* op, const absl::Status& status) {
   }
   op->done = true;
   op->failed = !status.ok();
-  if (status.ok() && op->posted) {
-    absl::MutexLock lock(&t->mu);
-    double& s = t->stats.rail_seconds[engine_->EngineRail(index_, op->rail)];
-    s = std::max(s, absl::ToDoubleSeconds(absl::Now() - t->start));
-  }
   if (status.ok() && op->posted && op->deliver) {
     part->delivered.resize(rails_.size());
     part->delivered[op->rail] = std::max(part->delivered[op->rail], op->seq);
+    // The rail's bytes so far have landed: the transfer's lock once per rail on an ordered
+    // rail (its closing WRITE), not once per WRITE.
+    absl::MutexLock lock(&t->mu);
+    double& s = t->stats.rail_seconds[engine_->EngineRail(index_, op->rail)];
+    s = std::max(s, absl::ToDoubleSeconds(absl::Now() - t->start));
   }
   if (op->abandoned) {  // its bytes went again on another rail
     --part->unresolved;
@@ -636,33 +636,33 @@ void ProgressGroup::RailDown(size_t rail, PeerId peer, const absl::Status& why) 
     return true;
   });
   for (WriteOp* op : moving) Route(op, peer, now);  // with no other rail it waits for this one
-  ResendUndelivered(rail, peer);
+  // WRITEs that completed at transmit with no delivery completion behind them on this rail:
+  // their bytes may still sit in the dead rail's queues.
+  ResendFrom(rail, peer, why, [rail](const Part& p, const WriteOp& op) {
+    return op.done && !op.failed && op.seq > (rail < p.delivered.size() ? p.delivered[rail] : 0);
+  });
 }
 
-void ProgressGroup::ResendUndelivered(size_t rail, PeerId peer) {
+void ProgressGroup::ResendFrom(size_t rail, PeerId peer, const absl::Status& why,
+                                absl::FunctionRef<bool(const Part&, const WriteOp&)> pick) {
   for (auto& [p, owned] : parts_) {
     TransferState& t = *p->transfer;
     if (p->dead || t.peer != peer || t.finished.load(std::memory_order_acquire)) continue;
-    const uint64_t vouched = rail < p->delivered.size() ? p->delivered[rail] : 0;
-    auto undelivered = [&](const WriteOp& op) {
-      return op.rail == rail && op.done && !op.failed && op.posted && !op.abandoned &&
-             op.seq > vouched;
-    };
     bool lost = false;
     auto resend = [&](WriteOp& op) {
-      if (!undelivered(op)) return;
+      if (op.rail != rail || !op.posted || op.abandoned || !pick(*p, op)) return;
       if (!Resend(&op)) {
         lost = true;
-        return;
+      } else if (op.done) {
+        ++p->data_unresolved;  // it had resolved; its copy resolves it again
       }
-      ++p->data_unresolved;  // it had resolved; its copy resolves it again
     };
     for (WriteOp& op : p->ops) resend(op);
     for (size_t i = 0, n = p->resent.size(); i < n; ++i) resend(p->resent[i]);
     if (lost) {
-      t.Finish(absl::UnavailableError(absl::StrCat(
-          "every rail to peer ", peer, " is down (rail ", engine_->EngineRail(index_, rail),
-          " failed with WRITEs not known to have arrived)")));
+      t.Finish(absl::UnavailableError(absl::StrCat("every rail to peer ", peer, " is down (rail ",
+                                                   engine_->EngineRail(index_, rail), ": ",
+                                                   why.message(), ")")));
     }
   }
 }
@@ -694,26 +694,11 @@ void ProgressGroup::CheckStalls(absl::Time now) {
     }
   }
   for (const auto& [k, peer] : stalled) {
-    RailDown(k, peer, absl::UnavailableError(absl::StrCat(
-                          "no completion for ", absl::FormatDuration(options_.rail_stall_timeout))));
+    const absl::Status why = absl::UnavailableError(
+        absl::StrCat("no completion for ", absl::FormatDuration(options_.rail_stall_timeout)));
+    RailDown(k, peer, why);
     // Its posted WRITEs go again elsewhere; when they complete here after all, nothing changes.
-    for (auto& [p, owned] : parts_) {
-      TransferState& t = *p->transfer;
-      if (p->dead || t.peer != peer || t.finished.load(std::memory_order_acquire)) continue;
-      auto stuck = [&, k = k](WriteOp& op) {
-        return op.rail == k && op.posted && !op.done && !op.abandoned;
-      };
-      bool lost = false;
-      for (WriteOp& op : p->ops) lost |= stuck(op) && !Resend(&op);
-      for (size_t i = 0, n = p->resent.size(); i < n; ++i) {
-        lost |= stuck(p->resent[i]) && !Resend(&p->resent[i]);
-      }
-      if (lost) {
-        t.Finish(absl::UnavailableError(absl::StrCat(
-            "every rail to peer ", peer, " is down (rail ", engine_->EngineRail(index_, k),
-            ": no completion for ", absl::FormatDuration(options_.rail_stall_timeout), ")")));
-      }
-    }
+    ResendFrom(k, peer, why, [](const Part&, const WriteOp& op) { return !op.done; });
   }
 }
 

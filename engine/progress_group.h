@@ -11,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
@@ -221,10 +222,11 @@ class ProgressGroup {
   void Retarget(WriteOp* op, size_t rail);
   // Sends `op` (posted, failed or stalled) again on another usable rail; false when none.
   bool Resend(WriteOp* op);
-  // After `rail` went down for the peer: its WRITEs that completed at transmit without a
-  // delivery completion behind them go again on other rails (their bytes may never have left
-  // the rail). A transfer that cannot place them fails.
-  void ResendUndelivered(size_t rail, PeerId peer);
+  // In the running transfers to `peer`: sends again on another rail each posted WRITE on
+  // `rail` (original or copy, not yet abandoned) that `pick` selects; a transfer with one
+  // that finds no rail fails, naming `why` the rail went down.
+  void ResendFrom(size_t rail, PeerId peer, const absl::Status& why,
+                  absl::FunctionRef<bool(const Part&, const WriteOp&)> pick);
   // Rails with WRITEs in flight and no completion for rail_stall_timeout go down; their
   // posted WRITEs are abandoned and sent again.
   void CheckStalls(absl::Time now);

@@ -64,7 +64,7 @@ struct PullStats {
   std::vector<size_t> failed_rails;  // the source's rails that failed during the pull
   std::string path = "rdma";
   std::optional<uint64_t> region;  // the new buffer, for pulls into one
-  std::vector<double> rail_seconds;  // per source rail: when its last WRITE completed
+  std::vector<double> rail_seconds;  // per source rail: its last delivery completion
 };
 
 // [{"region":R,"offset":O,"length":L}, ...] with unsigned fields, or the compact form
