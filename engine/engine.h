@@ -53,6 +53,11 @@ struct EngineOptions {
   // rail's bandwidth-delay product; more only queues inside the provider and the kernel.
   // Default: 4 MiB.
   uint64_t max_inflight_bytes = uint64_t{4} << 20;
+  // A rail whose queue runs dry takes queued WRITEs from the rail of its group with the most
+  // queued, so faster rails carry more and the rails finish together; bytes_per_rail then
+  // says where the bytes went. false: each rail carries exactly its planned share.
+  // Default: true.
+  bool work_stealing = true;
   // Pre-posted control receive buffers per rail. Default: 64.
   size_t recv_pool = 64;
   // Largest control message payload. Default: 4096.

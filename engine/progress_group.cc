@@ -165,11 +165,12 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
   while (!stop_.load(std::memory_order_relaxed)) {
     bool worked = DrainInbox();
     bool busy = false;
-    for (auto& rs : rails_) {
-      worked |= PollCq(*rs) > 0;
-      worked |= PostWrites(*rs);
-      worked |= PostSends(*rs);
-      busy |= rs->in_flight > 0 || !rs->queue.empty() || !rs->pending_sends.empty();
+    for (size_t k = 0; k < rails_.size(); ++k) {
+      RailState& rs = *rails_[k];
+      worked |= PollCq(rs) > 0;
+      worked |= PostWrites(k);
+      worked |= PostSends(rs);
+      busy |= rs.in_flight > 0 || !rs.queue.empty() || !rs.pending_sends.empty();
     }
     if (!parts_.empty()) {
       absl::Time now = absl::Now();
@@ -306,16 +307,53 @@ WriteOp* ProgressGroup::QueueFront(RailState& rs) {
   return rs.queue.empty() ? nullptr : rs.queue.front();
 }
 
-bool ProgressGroup::PostWrites(RailState& rs) {
+bool ProgressGroup::HasRoom(const RailState& rs, size_t ops, uint64_t bytes,
+                            uint64_t length) const {
+  const size_t n = rs.in_flight + ops;
+  return n < rs.depth && (n == 0 || rs.in_flight_bytes + bytes + length <= options_.max_inflight_bytes);
+}
+
+bool ProgressGroup::Steal(size_t thief) {
+  // From the front of the longest queue (what it would post next), as much as the thief has
+  // room for. A WRITE that asks for delivery completion on a rail that orders WRITEs stays:
+  // it vouches for the ones its rail sent before it at transmit.
+  RailState& rs = *rails_[thief];
+  RailState* victim = nullptr;
+  for (size_t k = 0; k < rails_.size(); ++k) {
+    if (k != thief && rails_[k]->queued_bytes > (victim ? victim->queued_bytes : 0)) {
+      victim = rails_[k].get();
+    }
+  }
+  if (victim == nullptr) return false;
+  const bool ordered = victim->rail->rail_info().ordered_writes;
+  const absl::Time now = absl::Now();
+  size_t taken = 0;
+  uint64_t bytes = 0;
+  while (!victim->queue.empty()) {
+    WriteOp* op = victim->queue.front();
+    if ((ordered && op->deliver) || !HasRoom(rs, taken, bytes, op->length) ||
+        !Usable(thief, op->part->transfer->peer, now)) {
+      break;
+    }
+    victim->queue.pop_front();
+    victim->queued_bytes -= op->length;
+    Retarget(op, thief, /*failover=*/false);
+    Enqueue(thief, op);
+    ++taken;
+    bytes += op->length;
+  }
+  return taken > 0;
+}
+
+bool ProgressGroup::PostWrites(size_t index) {
   // Lazy posting: after every CQ poll, post queued WRITEs until the tx depth is reached or
   // the provider answers -FI_EAGAIN. The op stays queued on -FI_EAGAIN, so nothing is lost.
+  RailState& rs = *rails_[index];
+  if (rs.queue.empty() && options_.work_stealing && HasRoom(rs, 0, 0, 0)) Steal(index);
   bool posted = false;
   size_t burst = 0;
   WriteOp* op = QueueFront(rs);
-  auto room = [&](const WriteOp* w) {
-    return rs.in_flight < rs.depth &&
-           (rs.in_flight == 0 || rs.in_flight_bytes + w->length <= options_.max_inflight_bytes);
-  };
+  auto room = [&](const WriteOp* w) { return HasRoom(rs, 0, 0, w->length); };
   while (op != nullptr && room(op)) {
     rs.queue.pop_front();
     rs.queued_bytes -= op->length;
@@ -422,7 +460,7 @@ void ProgressGroup::AddPart(std::unique_ptr<Part> part) {
   if (p->data_unresolved == 0 && t.tail_part == p && t.parts_data_pending.load() == 0) {
     QueueTail(p->transfer);  // the tail is the transfer's only WRITE
   }
-  for (auto& rs : rails_) PostWrites(*rs);
+  for (size_t k = 0; k < rails_.size(); ++k) PostWrites(k);
 }
 
 void ProgressGroup::QueueTail(const std::shared_ptr<TransferState>& transfer) {
@@ -437,7 +475,7 @@ void ProgressGroup::QueueTail(const std::shared_ptr<TransferState>& transfer) {
 void ProgressGroup::Route(WriteOp* op, PeerId peer, absl::Time now) {
   if (!Usable(op->rail, peer, now)) {
     const int k = PickRail(peer, op->rail, now);
-    if (k >= 0) Retarget(op, static_cast<size_t>(k));
+    if (k >= 0) Retarget(op, static_cast<size_t>(k), /*failover=*/true);
   }
   Enqueue(op->rail, op);
 }
@@ -597,7 +635,7 @@ int ProgressGroup::PickRail(PeerId peer, size_t except, absl::Time now) {
   return best;
 }
 
-void ProgressGroup::Retarget(WriteOp* op, size_t rail) {
+void ProgressGroup::Retarget(WriteOp* op, size_t rail, bool failover) {
   Part& part = *op->part;
   TransferState& t = *part.transfer;
   const size_t from = engine_->EngineRail(index_, op->rail);
@@ -611,6 +649,7 @@ void ProgressGroup::Retarget(WriteOp* op, size_t rail) {
   absl::MutexLock lock(&t.mu);
   t.stats.bytes_per_rail[from] -= op->length;
   t.stats.bytes_per_rail[to] += op->length;
+  if (!failover) return;
   ++t.stats.rerouted_writes;
   t.stats.NoteFailedRail(from);
 }
@@ -675,7 +714,7 @@ bool ProgressGroup::Resend(WriteOp* op) {
   WriteOp& copy = part.resent.emplace_back(*op);
   copy.ctx = {};
   copy.posted = copy.done = copy.failed = copy.abandoned = false;
-  Retarget(&copy, static_cast<size_t>(k));
+  Retarget(&copy, static_cast<size_t>(k), /*failover=*/true);
   op->abandoned = true;
   ++part.unresolved;
   if (t.tail == op) t.tail = &copy;

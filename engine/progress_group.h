@@ -197,7 +197,11 @@ class ProgressGroup {
   absl::Status OpenRails(std::vector<InfoPtr> infos);
   bool DrainInbox();
   size_t PollCq(RailState& rs);
-  bool PostWrites(RailState& rs);
+  bool PostWrites(size_t index);
+  // Whether rail `rs` may post a WRITE of `length` after `ops` WRITEs of `bytes` promised to it.
+  bool HasRoom(const RailState& rs, size_t ops, uint64_t bytes, uint64_t length) const;
+  // Rail `thief` ran dry: it takes queued WRITEs from the group's most loaded rail.
+  bool Steal(size_t thief);
   bool PostSends(RailState& rs);
   void PostRecv(RailState& rs, RecvOp& op);
   void OnWriteDone(WriteOp* op, const absl::Status& status);
@@ -218,8 +222,8 @@ class ProgressGroup {
   bool Usable(size_t rail, PeerId peer, absl::Time now);
   // The usable rail other than `except` with the fewest queued bytes; -1 when none.
   int PickRail(PeerId peer, size_t except, absl::Time now);
-  // Points `op` (not posted) at `rail`.
-  void Retarget(WriteOp* op, size_t rail);
+  // Points `op` (not posted) at `rail`; `failover`: its own rail failed (counted in stats).
+  void Retarget(WriteOp* op, size_t rail, bool failover);
   // Sends `op` (posted, failed or stalled) again on another usable rail; false when none.
   bool Resend(WriteOp* op);
   // In the running transfers to `peer`: sends again on another rail each posted WRITE on

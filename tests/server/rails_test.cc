@@ -174,6 +174,23 @@ TEST_F(RailsTest, ARailDownAtFirstContactRestsAndIsUsedOnceItIsBack) {
   ASSERT_NO_FATAL_FAILURE(ExpectRailUsedAgain(1, "copy2-", data));
 }
 
+TEST_F(RailsTest, AFasterRailTakesOverTheQueuedWritesOfASlowerOne) {
+  ASSERT_NO_FATAL_FAILURE(Start(2, 500, 2, 2));
+  ASSERT_TRUE(bed_->SetRate(1, 50).ok());
+  const std::string data = Put(TestBed::kA, "weights", 32 << 20);
+  const json stats = Pull(TestBed::kB, "weights", "copy");
+  ASSERT_TRUE(stats.is_object());
+  // Planned half and half; rail 0 ran dry first and took what rail 1 had not posted yet.
+  const auto per_rail = stats["bytes_per_rail"].get<std::vector<uint64_t>>();
+  ASSERT_EQ(per_rail.size(), 2u);
+  EXPECT_EQ(per_rail[0] + per_rail[1], data.size());
+  EXPECT_GT(per_rail[0], 3 * per_rail[1]);
+  EXPECT_GT(per_rail[1], 0u);
+  EXPECT_EQ(stats["rerouted_writes"], 0);
+  EXPECT_TRUE(stats["failed_rails"].empty());
+  ExpectObject(TestBed::kB, "copy", data);
+}
+
 TEST_F(RailsTest, NodesWithFourAndTwoRailsPullBothWays) {
   ASSERT_NO_FATAL_FAILURE(Start(4, 1000, 4, 2));
   const std::string a_data = Put(TestBed::kA, "from-a", 8 << 20);

@@ -156,6 +156,14 @@ absl::Status TestBed::Build() {
       return s;
     }
     if (absl::Status s = Ip(side, "link set lo up"); !s.ok()) return s;
+    // A NIC's send queue is bounded; a tcp socket's is not (autotuned up to tcp_wmem's 4 MiB,
+    // differently per rail), and bytes in it are out of reach of the engine's scheduling. Each
+    // side keeps at most 128 KiB unsent per socket, the same for iperf3.
+    if (absl::Status s = Run({"ip", "netns", "exec", ns_[side], "sysctl", "-q", "-w",
+                              "net.ipv4.tcp_notsent_lowat=131072"});
+        !s.ok()) {
+      return s;
+    }
   }
   auto link = [this](const std::string& a_if, const std::string& b_if, const std::string& a_addr,
                      const std::string& b_addr, int mtu) -> absl::Status {
@@ -183,14 +191,7 @@ absl::Status TestBed::Build() {
       return s;
     }
     if (options_.rate_mbit == 0) continue;
-    // Burst: 2 ms at the rate, and at least one 64 KiB GSO packet; the queue holds 50 ms.
-    const uint64_t burst = std::max<uint64_t>(65536, options_.rate_mbit * 1000000 / 8 / 500);
-    for (Side side : {kA, kB}) {
-      const std::string tc = absl::StrCat("tc -n ", ns_[side], " qdisc add dev ",
-                                          RailInterface(side, i), " root tbf rate ",
-                                          options_.rate_mbit, "mbit burst ", burst, " latency 50ms");
-      if (absl::Status s = Run(Words(tc)); !s.ok()) return s;
-    }
+    if (absl::Status s = Shape(i, options_.rate_mbit, "add"); !s.ok()) return s;
   }
   // This process reaches each side over a veth of its own, named after the process.
   for (Side side : {kA, kB}) {
@@ -215,6 +216,23 @@ absl::Status TestBed::Build() {
   std::vector<size_t> all(options_.rails);
   std::iota(all.begin(), all.end(), 0);
   return WaitUntilUp(all);
+}
+
+absl::Status TestBed::Shape(size_t i, uint64_t mbit, const std::string& verb) {
+  // Burst: 2 ms at the rate, and at least one 64 KiB GSO packet; the queue holds 50 ms.
+  const uint64_t burst = std::max<uint64_t>(65536, mbit * 1000000 / 8 / 500);
+  for (Side side : {kA, kB}) {
+    const std::string tc = absl::StrCat("tc -n ", ns_[side], " qdisc ", verb, " dev ",
+                                        RailInterface(side, i), " root tbf rate ", mbit,
+                                        "mbit burst ", burst, " latency 50ms");
+    if (absl::Status s = Run(Words(tc)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TestBed::SetRate(size_t i, uint64_t mbit) {
+  if (i >= options_.rails || mbit == 0) return absl::InvalidArgumentError("no such rail or rate");
+  return Shape(i, mbit, options_.rate_mbit == 0 ? "add" : "change");
 }
 
 absl::Status TestBed::SetRail(size_t i, bool up) {

@@ -43,11 +43,15 @@ class TestBed {
   std::string HostAddress(Side side) const;
   // Takes rail i down (both ends) or brings it back up (returning once both ends report up).
   absl::Status SetRail(size_t i, bool up);
+  // Shapes rail i to `mbit` in both directions from now on.
+  absl::Status SetRate(size_t i, uint64_t mbit);
 
  private:
   explicit TestBed(const TestBedOptions& options);
   absl::Status Build();
   absl::Status Ip(Side side, const std::string& args);
+  // tc qdisc `verb` (add, change) of rail i's tbf at `mbit`, both ends.
+  absl::Status Shape(size_t i, uint64_t mbit, const std::string& verb);
   absl::Status WaitUntilUp(const std::vector<size_t>& rails);
   std::string HostSubnet(Side side) const;     // "10.213.N."
   std::string HostInterface(Side side) const;  // this process's veth into the side
