@@ -71,7 +71,7 @@ absl::StatusOr<std::vector<NicRef>> ProviderNics(std::string_view provider) {
   ASSIGN_OR_RETURN(std::string filter, ProviderFilter(provider));
   InfoPtr hints = MakeHints(filter, false, false, false);
   fi_info* list = nullptr;
-  const int rc = fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints.get(), &list);
+  const int rc = GetInfo(hints.get(), &list);
   InfoPtr owned(list);
   if (rc != 0 || list == nullptr) {
     return absl::NotFoundError(absl::StrCat("provider '", std::string(provider), "' offers no domain"));
@@ -166,7 +166,10 @@ AwakeToken::~AwakeToken() {
 }
 
 AwakeToken Engine::KeepAwake() {
-  awake_.fetch_add(1);
+  // A group asleep on its fds (for up to a second when idle) starts polling now.
+  if (awake_.fetch_add(1) == 0) {
+    for (auto& g : groups_) g->Wake();
+  }
   return AwakeToken(&awake_);
 }
 
@@ -195,7 +198,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   const bool want_hmem = CudaDeviceCount() > 0;
   for (int attempt = want_hmem ? 0 : 4; attempt < 8 && rc == -FI_ENODATA; ++attempt) {
     InfoPtr hints = MakeHints(prov_filter, attempt < 4, attempt % 4 < 2, attempt % 2 == 0);
-    rc = fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints.get(), &list);
+    rc = GetInfo(hints.get(), &list);
   }
   InfoPtr owned_list(list);
   if (rc != 0) {

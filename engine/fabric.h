@@ -23,6 +23,10 @@ namespace ferry::engine {
 // The libfabric API version ferry asks for (Debian 12 ships 1.17).
 inline constexpr uint32_t kFiVersion = FI_VERSION(1, 17);
 
+// fi_getinfo at kFiVersion, with ferry's defaults for provider parameters the user has not set
+// (FI_OFI_RXM_RX_SIZE, FI_OFI_RXM_MSG_RX_SIZE: 128). Every fi_getinfo goes through it.
+int GetInfo(const fi_info* hints, fi_info** out);
+
 // Closes any fid-based object; logs a non-zero rc (a close has no caller that could act on it).
 void CloseFid(fid_t fid, const char* what);
 

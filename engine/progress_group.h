@@ -146,6 +146,9 @@ class ProgressGroup {
   // from the progress thread.
   absl::Status RunAndWait(absl::AnyInvocable<absl::Status(ProgressGroup&)> fn);
 
+  // Makes the thread's epoll_wait return. Thread-safe.
+  void Wake();
+
   size_t rail_count() const { return rails_.size(); }
   const RailInfo& rail_info(size_t i) const { return rails_[i]->rail->rail_info(); }
 
@@ -193,7 +196,6 @@ class ProgressGroup {
 
   ProgressGroup(Engine* engine, size_t index, const EngineOptions& options);
   void Main(std::vector<InfoPtr> infos, Binder bind, Completion* opened);
-  void Wake();  // makes the thread's epoll_wait return
   absl::Status OpenRails(std::vector<InfoPtr> infos);
   bool DrainInbox();
   size_t PollCq(RailState& rs);

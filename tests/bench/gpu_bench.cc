@@ -85,8 +85,19 @@ std::optional<Baselines> MeasureBaselines(int src, int dst, uint64_t size, int i
       copies.push_back({reinterpret_cast<uint64_t>(b) + order[i] * piece,
                         reinterpret_cast<uint64_t>(a) + i * piece, piece});
     }
-    out.pieces.push_back(TimeIt(iters, [&] { (void)engine::CudaCopyPieces(dst, copies); }));
-    out.pushed.push_back(TimeIt(iters, [&] { (void)engine::CudaCopyPieces(src, copies); }));
+    absl::Status copied;
+    auto copy_on = [&](int device) {
+      return TimeIt(iters, [&] {
+        absl::Status s = engine::CudaCopyPieces(device, copies);
+        if (copied.ok()) copied = s;
+      });
+    };
+    out.pieces.push_back(copy_on(dst));
+    out.pushed.push_back(copy_on(src));
+    if (!copied.ok()) {
+      std::cerr << "batched copy: " << copied << "\n";
+      return std::nullopt;
+    }
   }
   cudaFree(a);
   cudaFreeHost(h);

@@ -54,9 +54,10 @@ class GpuTest : public ::testing::Test {
     return c;
   }
   // Uploads random bytes to `device` on `node` and publishes `name` as random pieces (1 B to
-  // 64 KiB, shuffled, unaligned) of them; returns the object's bytes in order.
+  // 64 KiB, shuffled, unaligned; or with `align` 16, 16 B to 256 KiB at multiples of 16, all
+  // in the copy kernel's 16-byte words) of them; returns the object's bytes in order.
   std::string MakeObject(const testing::FerrydProcess& node, const std::string& device,
-                         const std::string& name, uint64_t seed) {
+                         const std::string& name, uint64_t seed, uint64_t align = 1) {
     std::mt19937_64 rng(seed);
     std::string base(6 << 20, '\0');
     for (char& c : base) c = static_cast<char>(rng());
@@ -68,7 +69,8 @@ class GpuTest : public ::testing::Test {
     json extents = json::array();
     std::string expect;
     while (expect.size() < (3 << 20)) {
-      const uint64_t len = 1 + rng() % 65536, off = rng() % (base.size() - len);
+      const uint64_t len = align == 1 ? 1 + rng() % 65536 : align * (1 + rng() % (262144 / align));
+      const uint64_t off = rng() % ((base.size() - len) / align) * align;
       extents.push_back({{"region", region}, {"offset", off}, {"length", len}});
       expect += base.substr(off, len);
     }
@@ -113,6 +115,13 @@ TEST_F(GpuTest, GpuToGpuOnOneHostTakesTheIpcPathIntoNewAndScatteredBuffers) {
   EXPECT_EQ(Pull("g", {{"extents", mine}}, "unused"), "cuda_ipc");
   ASSERT_EQ(Client(b_).Put("/v1/objects/g2", json{{"extents", mine}}.dump(), kJson)->status, 201);
   EXPECT_TRUE(Read("g2") == expect);
+}
+
+TEST_F(GpuTest, AlignedPiecesUpTo256KiBLandWhereTheyShould) {
+  const std::string expect = MakeObject(a_, src_, "a", 5, 16);
+  ASSERT_FALSE(expect.empty());
+  EXPECT_EQ(Pull("a", {{"device", dst_}}, "a1"), "cuda_ipc");
+  EXPECT_TRUE(Read("a1") == expect);
 }
 
 TEST_F(GpuTest, GpuAndHostMemoryMeetThroughTheStagedPath) {
