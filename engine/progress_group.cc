@@ -171,8 +171,6 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
       worked |= PostWrites(k);
       worked |= PostSends(rs);
       // Control messages count until they complete: a first one waits for the provider to
-      // connect, which a loop blocked on the CQ's fd for a second may not see.
-      // Control messages count until they complete: a first one waits for the provider to
       // connect, which a loop blocked on the CQ's fd may not hear of.
       busy |= rs.in_flight > 0 || !rs.queue.empty() || rs.free_sends.size() < rs.sends.size();
     }

@@ -191,7 +191,7 @@ absl::Status TestBed::Build() {
       return s;
     }
     if (options_.rate_mbit == 0) continue;
-    if (absl::Status s = Shape(i, options_.rate_mbit, "add"); !s.ok()) return s;
+    if (absl::Status s = Shape(i, options_.rate_mbit); !s.ok()) return s;
   }
   // This process reaches each side over a veth of its own, named after the process.
   for (Side side : {kA, kB}) {
@@ -218,11 +218,11 @@ absl::Status TestBed::Build() {
   return WaitUntilUp(all);
 }
 
-absl::Status TestBed::Shape(size_t i, uint64_t mbit, const std::string& verb) {
+absl::Status TestBed::Shape(size_t i, uint64_t mbit) {
   // Burst: 2 ms at the rate, and at least one 64 KiB GSO packet; the queue holds 50 ms.
   const uint64_t burst = std::max<uint64_t>(65536, mbit * 1000000 / 8 / 500);
   for (Side side : {kA, kB}) {
-    const std::string tc = absl::StrCat("tc -n ", ns_[side], " qdisc ", verb, " dev ",
+    const std::string tc = absl::StrCat("tc -n ", ns_[side], " qdisc replace dev ",
                                         RailInterface(side, i), " root tbf rate ", mbit,
                                         "mbit burst ", burst, " latency 50ms");
     if (absl::Status s = Run(Words(tc)); !s.ok()) return s;
@@ -232,7 +232,7 @@ absl::Status TestBed::Shape(size_t i, uint64_t mbit, const std::string& verb) {
 
 absl::Status TestBed::SetRate(size_t i, uint64_t mbit) {
   if (i >= options_.rails || mbit == 0) return absl::InvalidArgumentError("no such rail or rate");
-  return Shape(i, mbit, options_.rate_mbit == 0 ? "add" : "change");
+  return Shape(i, mbit);
 }
 
 absl::Status TestBed::SetRail(size_t i, bool up) {

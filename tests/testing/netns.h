@@ -50,8 +50,8 @@ class TestBed {
   explicit TestBed(const TestBedOptions& options);
   absl::Status Build();
   absl::Status Ip(Side side, const std::string& args);
-  // tc qdisc `verb` (add, change) of rail i's tbf at `mbit`, both ends.
-  absl::Status Shape(size_t i, uint64_t mbit, const std::string& verb);
+  // Puts (or replaces) rail i's tbf at `mbit`, both ends.
+  absl::Status Shape(size_t i, uint64_t mbit);
   absl::Status WaitUntilUp(const std::vector<size_t>& rails);
   std::string HostSubnet(Side side) const;     // "10.213.N."
   std::string HostInterface(Side side) const;  // this process's veth into the side
