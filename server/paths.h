@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -58,20 +59,26 @@ struct Piece {
   engine::Device device;
   engine::CopyPiece copy;
 };
-// Walks two span lists of the same total length in step: f(dst, src, n) for each run of n
-// bytes where neither list changes span.
-template <class F>
-void WalkPairs(const std::vector<Span>& dst, const std::vector<Span>& src, F&& f) {
+// Walks two span lists of the same total length in step: f(dst, dst_ptr, src, src_ptr, n) for
+// each run of n bytes where neither list changes span. The destination is `dst_count` spans
+// that `dst_at(i)` makes when the walk reaches them (no list built before the first call).
+template <class DstAt, class F>
+void WalkPairs(size_t dst_count, DstAt&& dst_at, const std::vector<Span>& src, F&& f) {
   size_t i = 0, j = 0;
-  uint64_t di = 0, sj = 0;  // bytes used of dst[i], src[j]
-  while (i < dst.size() && j < src.size()) {
-    const uint64_t n = std::min(dst[i].length - di, src[j].length - sj);
-    f(dst[i], dst[i].ptr + di, src[j], src[j].ptr + sj, n);
+  uint64_t di = 0, sj = 0;  // bytes used of dst span i, src[j]
+  Span d = dst_count > 0 ? dst_at(0) : Span{};
+  while (i < dst_count && j < src.size()) {
+    const uint64_t n = std::min(d.length - di, src[j].length - sj);
+    f(d, d.ptr + di, src[j], src[j].ptr + sj, n);
     di += n;
     sj += n;
-    if (di == dst[i].length) ++i, di = 0;
+    if (di == d.length && ++i < dst_count) d = dst_at(i), di = 0;
     if (sj == src[j].length) ++j, sj = 0;
   }
+}
+template <class F>
+void WalkPairs(const std::vector<Span>& dst, const std::vector<Span>& src, F&& f) {
+  WalkPairs(dst.size(), [&dst](size_t i) { return dst[i]; }, src, std::forward<F>(f));
 }
 // Pairs two span lists of the same total length into pieces (source spans choose the device,
 // or the destination's when the source is host memory).
