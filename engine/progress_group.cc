@@ -187,9 +187,19 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
       continue;
     }
     const absl::Time now = absl::Now();
+    // A WRITE that lands gives its target no completion, yet on tcp it lands only while the
+    // target calls into the provider. A destination that expects WRITEs (Engine::KeepAwake)
+    // counts bytes waiting on a rail's fd as progress: it spins while data flows and blocks
+    // when it stops. Counting completions only, it slept once per WRITE (35538 sleeps for
+    // 36864 64 KiB WRITEs; ferry-bench engine, 1 rail, 1 MiB pieces: 3.3-3.8 GB/s, 4.9 spinning).
+    const bool awake = engine_->awake_.load(std::memory_order_relaxed) > 0;
+    if (awake && all_fd_ && WaitFds(0) > 0) {
+      idle_since = now;
+      continue;
+    }
     if (idle_since == absl::InfinitePast()) idle_since = now;
     // WRITEs in flight or expected (a destination waiting for a source's pull).
-    const bool expecting = busy || engine_->awake_.load(std::memory_order_relaxed) > 0;
+    const bool expecting = busy || awake;
     if (now - idle_since < (expecting ? kSpinWhileBusy : kSpinAfterWake)) continue;
     Block(expecting || !parts_.empty());
   }
@@ -207,14 +217,22 @@ void ProgressGroup::Block(bool soon) {
   } else {
     timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(kScanPeriod));
   }
+  WaitFds(timeout_ms);
+}
+
+int ProgressGroup::WaitFds(int timeout_ms) {
   epoll_event events[8];
-  int n = epoll_wait(epoll_fd_, events, 8, timeout_ms);
+  const int n = epoll_wait(epoll_fd_, events, 8, timeout_ms);
+  int ready = 0;
   for (int i = 0; i < n; ++i) {
     if (events[i].data.fd == event_fd_) {
       uint64_t count;
-      [[maybe_unused]] const ssize_t n = read(event_fd_, &count, sizeof(count));  // reset it
+      [[maybe_unused]] const ssize_t r = read(event_fd_, &count, sizeof(count));  // reset it
+    } else {
+      ++ready;
     }
   }
+  return ready;
 }
 
 bool ProgressGroup::DrainInbox() {

@@ -214,6 +214,9 @@ class ProgressGroup {
   void ScanParts();
   // Waits on the rails' wait fds and the inbox; at most kScanPeriod when `soon`, else 1 s.
   void Block(bool soon);
+  // Waits up to `timeout_ms` on the rails' wait fds and the inbox's eventfd (which it resets);
+  // returns how many rail fds are ready.
+  int WaitFds(int timeout_ms);
   void Shutdown();
   WriteOp* QueueFront(RailState& rs);
   void Enqueue(size_t rail, WriteOp* op, bool front = false);
