@@ -254,11 +254,12 @@ class Engine {
   absl::Status SendControl(PeerId peer, std::string_view payload,
                            absl::Time deadline = absl::InfiniteFuture());
 
-  // Keeps the progress threads polling until the token goes. A destination takes one while
-  // it expects WRITEs (between asking a source to pull and its answer): on providers with
-  // manual progress (tcp, shm) WRITEs land only while the target calls into libfabric, and
-  // waking from a blocking wait for each burst costs throughput. The token must not outlive
-  // the engine.
+  // Keeps the progress threads polling until the token goes: they call into the provider
+  // while data waits on a rail's fd and block for at most 1 ms otherwise. A destination takes
+  // one while it expects WRITEs (between asking a source to pull and its answer): on
+  // providers with manual progress (tcp, shm) WRITEs land only while the target calls into
+  // libfabric, and waking from a long blocking wait for each burst costs throughput. The
+  // token must not outlive the engine.
   AwakeToken KeepAwake();
 
   // A counter that fires (runs `on_fire` once, on the thread that sees the count reached: a
