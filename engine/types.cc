@@ -1,6 +1,9 @@
 #include "engine/types.h"
 
+#include <sys/mman.h>
+
 #include <charconv>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 
@@ -8,6 +11,17 @@
 #include "nlohmann/json.hpp"
 
 namespace ferry::engine {
+
+void* AllocateHostMemory(uint64_t size) {
+  // A pull walks a scattered layout across the whole region, and the kernel's socket copies
+  // (tcp) or the NIC's translations (efa, verbs) miss far less often on 2 MiB pages.
+  constexpr uint64_t kHugePage = uint64_t{2} << 20;
+  const uint64_t align = size >= kHugePage ? kHugePage : 4096;
+  const uint64_t rounded = (size + align - 1) / align * align;
+  void* mem = std::aligned_alloc(align, rounded);
+  if (mem != nullptr && align == kHugePage) madvise(mem, rounded, MADV_HUGEPAGE);
+  return mem;
+}
 
 absl::StatusOr<Device> Device::Parse(std::string_view text) {
   if (text == "host") return Host();

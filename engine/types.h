@@ -77,6 +77,11 @@ struct Extent {
   bool operator==(const Extent&) const = default;
 };
 
+// Host memory for a region of `size` bytes (> 0): from 2 MiB on, 2 MiB-aligned, rounded up and
+// in transparent huge pages where the kernel has them. Release with std::free; nullptr when out
+// of memory. The bytes are not cleared.
+void* AllocateHostMemory(uint64_t size);
+
 // True when [offset, offset + length) lies inside [0, region_length), without overflow.
 inline bool InBounds(uint64_t offset, uint64_t length, uint64_t region_length) {
   return offset <= region_length && length <= region_length - offset;

@@ -1,7 +1,5 @@
 #include "server/node.h"
 
-#include <sys/mman.h>
-
 #include <httplib.h>
 
 #include <algorithm>
@@ -28,7 +26,6 @@ absl::Status WithHttpStatus(absl::Status s, int http) {
 
 void FreeOwned(char* p) { std::free(p); }
 
-constexpr size_t kHugePage = size_t{2} << 20;
 void FreeCuda(char* p) { engine::CudaFree(p); }
 
 }  // namespace
@@ -216,14 +213,8 @@ absl::StatusOr<RegionInfo> Node::AllocateRegion(engine::Device device, uint64_t 
     ASSIGN_OR_RETURN(void* mem, engine::CudaAlloc(device.index, size));
     return AddRegion(static_cast<char*>(mem), size, device, {static_cast<char*>(mem), &FreeCuda});
   }
-  // Regions of 2 MiB and more go in transparent huge pages where the kernel has them: a pull
-  // walks a scattered layout across the whole region, and the kernel's socket copies (tcp) or
-  // the NIC's translations (efa, verbs) miss far less often on 2 MiB pages.
-  const size_t align = size >= kHugePage ? kHugePage : 4096;
-  const size_t rounded = (size + align - 1) / align * align;
-  char* mem = static_cast<char*>(std::aligned_alloc(align, rounded));
+  char* mem = static_cast<char*>(engine::AllocateHostMemory(size));
   if (mem == nullptr) return absl::ResourceExhaustedError("out of memory for the region");
-  if (align == kHugePage) madvise(mem, rounded, MADV_HUGEPAGE);
   memset(mem, 0, size);  // no stale bytes, and the pages are there before the first WRITE
   return AddRegion(mem, size, device, {mem, &FreeOwned});
 }

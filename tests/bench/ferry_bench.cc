@@ -235,7 +235,7 @@ absl::StatusOr<Row> Measure(const EngineFlags& f, RawSession* raw, testing::Subp
 int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
   EngineFlags f = flags_in;
   if (f.domain.empty()) f.domain = DefaultDomain(f.provider);
-  char* src = static_cast<char*>(testing::AllocateHuge(f.total));
+  char* src = static_cast<char*>(engine::AllocateHostMemory(f.total));
   testing::FillPattern(kSeed, 0, reinterpret_cast<uint8_t*>(src), f.total);
   const uint64_t dst_size = 2 * f.total;  // scattered slots are two pieces apart
 

@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/status.h"
+#include "engine/types.h"
 #include "nlohmann/json.hpp"
-#include "tests/testing/pattern.h"
 
 namespace ferry::bench {
 
@@ -139,7 +139,7 @@ int RunRawPeer(const std::string& provider, const std::string& domain, uint64_t 
     std::cout << nlohmann::json{{"error", ep.status().ToString()}}.dump() << std::endl;
     return 1;
   }
-  void* buf = testing::AllocateHuge(size);
+  void* buf = engine::AllocateHostMemory(size);
   memset(buf, 0, size);
   absl::Status s = (*ep)->Register(buf, size);
   if (!s.ok()) {

@@ -80,7 +80,7 @@ int RunEnginePeer(int argc, char** argv) {
     std::cout << nlohmann::json{{"error", engine.status().ToString()}}.dump() << std::endl;
     return 1;
   }
-  auto* buf = static_cast<uint8_t*>(AllocateHuge(size));
+  auto* buf = static_cast<uint8_t*>(engine::AllocateHostMemory(size));
   memset(buf, canary, size);
   auto region = (*engine)->RegisterMemory(buf, size, engine::Device::Host());
   if (!region.ok()) {

@@ -1,7 +1,5 @@
 #include "tests/testing/pattern.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -19,14 +17,6 @@ uint64_t Mix(uint64_t x) {  // splitmix64
 }
 
 }  // namespace
-
-void* AllocateHuge(uint64_t size) {
-  constexpr uint64_t kHuge = uint64_t{2} << 20;
-  const uint64_t rounded = (std::max<uint64_t>(size, 1) + kHuge - 1) / kHuge * kHuge;
-  void* p = std::aligned_alloc(kHuge, rounded);
-  if (p != nullptr) madvise(p, rounded, MADV_HUGEPAGE);
-  return p;
-}
 
 uint8_t PatternByte(uint64_t seed, uint64_t offset) {
   return static_cast<uint8_t>(Mix(seed ^ (offset >> 3)) >> (8 * (offset & 7)));

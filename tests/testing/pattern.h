@@ -12,10 +12,6 @@
 
 namespace ferry::testing {
 
-// `size` bytes (rounded up to 2 MiB) in transparent huge pages where the kernel has them, as
-// ferryd's regions are; release with std::free. nullptr when out of memory.
-void* AllocateHuge(uint64_t size);
-
 // Byte `offset` of the pattern for `seed`.
 uint8_t PatternByte(uint64_t seed, uint64_t offset);
 // Fills buf[0, n) with the pattern bytes at offsets [offset, offset + n).
