@@ -288,6 +288,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     engine->groups_.push_back(std::move(group));
   }
   engine->max_write_ = options.max_write;
+  engine->max_iov_ = std::clamp<size_t>(options.max_iov, 1, kMaxIov);
   engine->cq_data_size_ = 8;
   for (const RailRef& ref : engine->rail_refs_) {
     RailInfo ri = engine->groups_[ref.group]->rail_info(ref.index_in_group);
@@ -299,6 +300,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     }
     engine->rails_.push_back(ri);
     engine->max_write_ = std::min(engine->max_write_, ri.max_msg_size);
+    engine->max_iov_ = std::min(engine->max_iov_, ri.iov_limit);
     engine->cq_data_size_ = std::min(engine->cq_data_size_, ri.cq_data_size);
   }
   spdlog::debug("engine {}: {} rails on {} ({} progress threads)", engine->node_id_, nrails,
@@ -602,7 +604,7 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
       }
       local.try_emplace(e.region, LocalRegion{it->second->addr, it->second->descs});
     }
-    ASSIGN_OR_RETURN(Plan plan, MakePlan(req.src, req.dst, {rails_.size(), max_write_}));
+    ASSIGN_OR_RETURN(Plan plan, MakePlan(req.src, req.dst, {rails_.size(), max_write_, max_iov_}));
     if (plan.writes == 0 && req.immediate) {
       return absl::InvalidArgumentError("an immediate needs at least one byte to carry it");
     }
@@ -652,7 +654,7 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
           for (size_t k = 0; k < n; ++k) keys.push_back(d.keys[EngineRail(g, k) % remote_rails]);
         }
       }
-      part->unresolved += plan.rails[r].size();
+      for (const PlannedWrite& w : plan.rails[r]) part->unresolved += w.gathered ? 0 : 1;
     }
     for (auto& part : parts) {
       if (part) part->ops.reserve(part->unresolved);
@@ -662,19 +664,23 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
       Part& part = *parts[rail_refs_[r].group];
       for (const PlannedWrite& w : plan.rails[r]) {
         const RegionDescriptor& dst = req.dst_regions[w.dst_region];
-        WriteOp& op = part.ops.emplace_back();
-        op.kind = OpKind::kWrite;
-        op.part = &part;
-        op.rail = rail_refs_[r].index_in_group;
-        op.local = local[w.src_region].addr + w.src_offset;
-        op.desc = local[w.src_region].descs[r];
-        op.length = w.length;
-        op.remote_addr = dst.RemoteAddress(w.dst_offset);
-        op.key = dst.keys[r % remote_rails];
-        op.dest = fi_addrs[r];
-        op.src_region = w.src_region;
-        op.dst_region = w.dst_region;
-        op.deliver = !rails_[r].ordered_writes || w.length > rails_[r].max_order_waw_size;
+        if (!w.gathered) {
+          WriteOp& op = part.ops.emplace_back();
+          op.kind = OpKind::kWrite;
+          op.part = &part;
+          op.rail = rail_refs_[r].index_in_group;
+          op.desc = local[w.src_region].descs[r];
+          op.key = dst.keys[r % remote_rails];
+          op.dest = fi_addrs[r];
+          op.src_region = w.src_region;
+          op.dst_region = w.dst_region;
+        }
+        WriteOp& op = part.ops.back();
+        op.local[op.pieces] = {local[w.src_region].addr + w.src_offset, w.length};
+        op.remote[op.pieces] = dst.RemoteAddress(w.dst_offset);
+        ++op.pieces;
+        op.length += w.length;
+        op.deliver = !rails_[r].ordered_writes || op.length > rails_[r].max_order_waw_size;
         last_rail = r;
       }
       // On a rail that applies WRITEs in order, delivery-complete on its last WRITE of this

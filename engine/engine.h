@@ -47,6 +47,11 @@ struct EngineOptions {
   std::string node_id;
   // Longest single WRITE; capped by the provider's max_msg_size. Default: 1 MiB.
   uint64_t max_write = uint64_t{1} << 20;
+  // Pieces one WRITE may gather (consecutive pieces of a rail between the same two regions);
+  // capped by the providers' iov_limit and rma_iov_limit and by 4. On tcp a WRITE costs a
+  // header, a completion and a receive on the target's CPU whatever its size, so scattered
+  // small pieces go several to a WRITE. Default: 4.
+  size_t max_iov = 4;
   // WRITEs in flight per rail; capped by the provider's tx size. Default: 0 (the tx size).
   size_t tx_depth = 0;
   // Bytes in flight per rail (a WRITE is always allowed when none is): enough to cover the
@@ -94,6 +99,8 @@ struct RailInfo {
   // FI_ORDER_RMA_WAW granted: WRITEs up to max_order_waw_size bytes land in posting order.
   bool ordered_writes = false;
   uint64_t max_order_waw_size = 0;
+  // Pieces one WRITE can carry: the lower of the tx iov_limit and rma_iov_limit.
+  size_t iov_limit = 1;
   // The provider registers CUDA memory (FI_HMEM_CUDA), probed at start-up on GPU 0; else why
   // not (for example "fi_mr_regattr: Function not implemented").
   bool hmem_cuda = false;
@@ -295,6 +302,7 @@ class Engine {
   std::vector<RailInfo> rails_;
   std::vector<RailRef> rail_refs_;
   uint64_t max_write_ = 0;
+  size_t max_iov_ = 1;
   size_t cq_data_size_ = 0;  // bytes of immediate data every rail carries
 
   mutable absl::Mutex mu_;

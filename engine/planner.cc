@@ -52,6 +52,7 @@ absl::StatusOr<Plan> MakePlan(const std::vector<Extent>& src, const std::vector<
                               const PlanOptions& options) {
   if (options.rails == 0) return absl::InvalidArgumentError("plan: zero rails");
   if (options.max_write == 0) return absl::InvalidArgumentError("plan: zero max_write");
+  if (options.max_iov == 0) return absl::InvalidArgumentError("plan: zero max_iov");
   auto src_total = Total(src, "source");
   if (!src_total.ok()) return src_total.status();
   auto dst_total = Total(dst, "destination");
@@ -72,13 +73,30 @@ absl::StatusOr<Plan> MakePlan(const std::vector<Extent>& src, const std::vector<
   auto bound = [&](uint64_t r) { return r * share + std::min(r, extra); };
   uint64_t pos = 0;  // stream offset of the start of the current piece remainder
   size_t rail = 0;
+  size_t iovs = 0;     // pieces in the rail's last WRITE
+  uint64_t bytes = 0;  // ... and their bytes
   for (PlannedWrite piece : pieces) {
     while (piece.length > 0) {
-      while (pos >= bound(rail + 1)) ++rail;
+      while (pos >= bound(rail + 1)) {
+        ++rail;
+        iovs = 0;
+      }
       const uint64_t n = std::min({piece.length, bound(rail + 1) - pos, options.max_write});
-      plan.rails[rail].push_back(
-          {piece.src_region, piece.src_offset, piece.dst_region, piece.dst_offset, n});
-      ++plan.writes;
+      std::vector<PlannedWrite>& out = plan.rails[rail];
+      const bool gathered = iovs > 0 && iovs < options.max_iov &&
+                            bytes + n <= options.max_write &&
+                            out.back().src_region == piece.src_region &&
+                            out.back().dst_region == piece.dst_region;
+      out.push_back(
+          {piece.src_region, piece.src_offset, piece.dst_region, piece.dst_offset, n, gathered});
+      if (gathered) {
+        ++iovs;
+        bytes += n;
+      } else {
+        iovs = 1;
+        bytes = n;
+        ++plan.writes;
+      }
       piece.src_offset += n;
       piece.dst_offset += n;
       piece.length -= n;

@@ -385,15 +385,19 @@ bool ProgressGroup::PostWrites(size_t index) {
     op->seq = ++rs.posts;
     rs.in_flight_bytes += op->length;
     const bool more = next != nullptr && burst < kPostBurst && room(next);
-    iovec iov = {op->local, op->length};
-    fi_rma_iov rma = {op->remote_addr, op->length, op->key};
+    fi_rma_iov rma[kMaxIov];
+    void* descs[kMaxIov];
+    for (size_t i = 0; i < op->pieces; ++i) {
+      rma[i] = {op->remote[i], op->local[i].iov_len, op->key};
+      descs[i] = op->desc;
+    }
     fi_msg_rma msg = {};
-    msg.msg_iov = &iov;
-    msg.desc = &op->desc;
-    msg.iov_count = 1;
+    msg.msg_iov = op->local.data();
+    msg.desc = descs;
+    msg.iov_count = op->pieces;
     msg.addr = op->dest;
-    msg.rma_iov = &rma;
-    msg.rma_iov_count = 1;
+    msg.rma_iov = rma;
+    msg.rma_iov_count = op->pieces;
     msg.context = &op->ctx;
     msg.data = op->data;
     // Flags replace the endpoint's op_flags (fi_rma(3)). A WRITE that needs no delivery

@@ -2,6 +2,9 @@
 #ifndef FERRY_ENGINE_PROGRESS_GROUP_H_
 #define FERRY_ENGINE_PROGRESS_GROUP_H_
 
+#include <sys/uio.h>
+
+#include <array>
 #include <atomic>
 #include <deque>
 #include <memory>
@@ -42,15 +45,21 @@ struct OpBase {
   OpKind kind;
 };
 
+// Pieces one WRITE carries at most (a gathered WRITE; the rails' iov limits cap it further).
+constexpr size_t kMaxIov = 4;
+
 struct Part;
 struct WriteOp : OpBase {
   Part* part = nullptr;
   size_t rail = 0;  // index within the group
-  void* local = nullptr;
-  void* desc = nullptr;
-  uint64_t length = 0;
-  uint64_t remote_addr = 0;
-  uint64_t key = 0;
+  // Its pieces: local[i] (in the source region) lands at remote[i] (in the destination
+  // region), local[i].iov_len bytes each.
+  std::array<iovec, kMaxIov> local = {};
+  std::array<uint64_t, kMaxIov> remote = {};
+  uint8_t pieces = 0;
+  void* desc = nullptr;   // the source region's, on `rail`
+  uint64_t length = 0;    // bytes of every piece
+  uint64_t key = 0;       // the destination region's, on `rail`
   fi_addr_t dest = FI_ADDR_UNSPEC;
   bool immediate = false;
   bool deliver = true;  // ask for FI_DELIVERY_COMPLETE (where the provider has it)

@@ -111,6 +111,7 @@ absl::StatusOr<std::unique_ptr<Rail>> Rail::Open(const fi_info& info, size_t tx_
   ri.max_msg_size = fi->ep_attr->max_msg_size;
   ri.tx_depth = tx_depth == 0 ? fi->tx_attr->size : std::min(tx_depth, fi->tx_attr->size);
   ri.inject_size = fi->tx_attr->inject_size;
+  ri.iov_limit = std::max<size_t>(1, std::min(fi->tx_attr->iov_limit, fi->tx_attr->rma_iov_limit));
   ri.mr_mode = static_cast<uint64_t>(fi->domain_attr->mr_mode);
   ri.cq_data_size = fi->domain_attr->cq_data_size;
   ri.delivery_complete = (fi->tx_attr->op_flags & FI_DELIVERY_COMPLETE) != 0;

@@ -192,6 +192,7 @@ nlohmann::json Node::Info() const {
                            {"address", engine::HexEncode(r.address)},
                            {"tx_depth", r.tx_depth},
                            {"max_msg_size", r.max_msg_size},
+                           {"iov_limit", r.iov_limit},
                            {"hmem_cuda", r.hmem_cuda}};
     if (!r.hmem_cuda) rail["hmem_cuda_error"] = r.hmem_cuda_error;
     if (!r.placement.empty()) rail["placement"] = r.placement;

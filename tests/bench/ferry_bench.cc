@@ -49,6 +49,7 @@ struct EngineFlags {
   size_t depth = 0;
   uint64_t inflight = 0;
   uint64_t max_write = 0;
+  size_t max_iov = 0;
   bool json = false;
   bool verify = false;
 };
@@ -152,6 +153,7 @@ class EngineSession {
     if (f.max_write != 0) o.max_write = f.max_write;
     o.tx_depth = f.depth;
     if (f.inflight != 0) o.max_inflight_bytes = f.inflight;
+    if (f.max_iov != 0) o.max_iov = f.max_iov;
     ASSIGN_OR_RETURN(s->engine_, engine::Engine::Create(o));
     ASSIGN_OR_RETURN(s->region_, s->engine_->RegisterMemory(src, f.total, engine::Device::Host()));
     ASSIGN_OR_RETURN(engine::PeerAddress address, testing::AddressFromJson(hello["address"]));
@@ -353,6 +355,8 @@ int main(int argc, char** argv) {
   eng->add_option("--depth", ef.depth, "engine: WRITEs in flight per rail (0: provider's tx size)");
   eng->add_option("--inflight", ef.inflight, "engine: bytes in flight per rail (0: default)");
   eng->add_option("--max-write", ef.max_write, "engine: longest WRITE (0: the engine's default)");
+  eng->add_option("--max-iov", ef.max_iov,
+                  "engine: pieces one WRITE may gather (0: the engine's default)");
   eng->add_flag("--json", ef.json, "one JSON object per row");
   eng->add_flag("--verify", ef.verify, "check every byte after each configuration");
   std::string raw_provider = "tcp", raw_domain = "lo";

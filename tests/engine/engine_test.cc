@@ -196,12 +196,29 @@ TEST_P(EngineTest, ManyConcurrentTransfersEachLandWhereTheyShould) {
   ExpectVerified(all_src, all_dst);
 }
 
+TEST_P(EngineTest, GathersScatteredPiecesFourToAWrite) {
+  // 4000 pieces of 1000 bytes, scattered at the destination: each rail's share (a multiple
+  // of 4 pieces) goes in WRITEs of 4 pieces, as both providers' iov limits allow.
+  constexpr uint64_t kPiece = 1000, kCount = 4000;
+  ASSERT_NO_FATAL_FAILURE(StartPeer(2 * kPiece * kCount));
+  for (const RailInfo& r : engine_->rails()) EXPECT_EQ(r.iov_limit, 4u) << r.provider;
+  SourceBuffer src_buf(*engine_, kPiece * kCount);
+  std::mt19937_64 rng(4);
+  auto dst = ferry::testing::ScatteredLayout(rng, kCount, kPiece, 2 * kPiece);
+  std::vector<Extent> src = {{0, 0, kPiece * kCount}};
+  ASSERT_OK_AND_ASSIGN(TransferStats stats, engine_->Write(Request(src, src_buf.region, dst)));
+  EXPECT_EQ(stats.bytes, kPiece * kCount);
+  EXPECT_EQ(stats.writes, kCount / 4);
+  ExpectVerified(src, dst);
+}
+
 TEST_P(EngineTest, WindowLargerThanTxDepthIsQueuedNotDropped) {
   // 20000 WRITEs of 512 bytes from 4 submitting threads: far more than the provider's tx size
   // and the 8-deep window asked for here, so posting meets -FI_EAGAIN and the depth cap.
   engine_.reset();
   EngineOptions o = Options(GetParam());
   o.tx_depth = 8;
+  o.max_iov = 1;  // a WRITE per piece
   ASSERT_OK_AND_ASSIGN(engine_, Engine::Create(o));
   constexpr uint64_t kPiece = 512, kCount = 20000;
   ASSERT_NO_FATAL_FAILURE(StartPeer(2 * kPiece * kCount));

@@ -69,6 +69,7 @@ TEST(PlannerTest, RandomLayoutsWriteEveryDestinationByteOnceFromTheRightSource) 
     PlanOptions opts;
     opts.rails = 1 + rng() % 8;
     opts.max_write = 1 + rng() % 9000;
+    opts.max_iov = 1 + rng() % 4;
     ASSERT_OK_AND_ASSIGN(Plan plan, MakePlan(src, dst, opts));
     ASSERT_EQ(plan.bytes, total);
     ASSERT_EQ(plan.rails.size(), opts.rails);
@@ -80,16 +81,30 @@ TEST(PlannerTest, RandomLayoutsWriteEveryDestinationByteOnceFromTheRightSource) 
     size_t writes = 0;
     for (const auto& rail : plan.rails) {
       uint64_t bytes = 0;
-      for (const PlannedWrite& w : rail) {
+      size_t iovs = 0;           // pieces of the current WRITE
+      uint64_t write_bytes = 0;  // ... and their bytes
+      for (size_t i = 0; i < rail.size(); ++i) {
+        const PlannedWrite& w = rail[i];
         ASSERT_GT(w.length, 0u);
-        ASSERT_LE(w.length, opts.max_write);
+        if (w.gathered) {
+          ASSERT_GT(i, 0u) << "a rail's first piece starts a WRITE";
+          ASSERT_EQ(w.src_region, rail[i - 1].src_region);
+          ASSERT_EQ(w.dst_region, rail[i - 1].dst_region);
+          ++iovs;
+          write_bytes += w.length;
+        } else {
+          iovs = 1;
+          write_bytes = w.length;
+          ++writes;
+        }
+        ASSERT_LE(iovs, opts.max_iov);
+        ASSERT_LE(write_bytes, opts.max_write);
         for (uint64_t b = 0; b < w.length; ++b) {
           int64_t& slot = written[w.dst_region][w.dst_offset + b];
           ASSERT_EQ(slot, -1) << "destination byte written twice";
           slot = static_cast<int64_t>((w.src_region << 40) | (w.src_offset + b));
         }
         bytes += w.length;
-        ++writes;
       }
       rail_bytes.push_back(bytes);
     }
@@ -127,6 +142,48 @@ TEST(PlannerTest, DoesNotMergeAcrossRegions) {
   EXPECT_EQ(plan.rails[0].size(), 2u);
 }
 
+// Pieces of 100 bytes, each destination piece 100 bytes after the last: nothing merges.
+std::vector<Extent> Scattered(uint64_t region, size_t n) {
+  std::vector<Extent> out;
+  for (uint64_t i = 0; i < n; ++i) out.push_back({region, 200 * i, 100});
+  return out;
+}
+
+std::vector<size_t> PiecesPerWrite(const std::vector<PlannedWrite>& rail) {
+  std::vector<size_t> out;
+  for (const PlannedWrite& w : rail) {
+    if (w.gathered) {
+      ++out.back();
+    } else {
+      out.push_back(1);
+    }
+  }
+  return out;
+}
+
+TEST(PlannerTest, GathersScatteredPiecesUpToMaxIovAndMaxWrite) {
+  const std::vector<Extent> src = {{0, 0, 1000}};
+  ASSERT_OK_AND_ASSIGN(Plan plan, MakePlan(src, Scattered(0, 10), {1, 1 << 20, 4}));
+  EXPECT_EQ(PiecesPerWrite(plan.rails[0]), (std::vector<size_t>{4, 4, 2}));
+  EXPECT_EQ(plan.writes, 3u);
+  ASSERT_OK_AND_ASSIGN(plan, MakePlan(src, Scattered(0, 10), {1, 250, 4}));
+  EXPECT_EQ(PiecesPerWrite(plan.rails[0]), (std::vector<size_t>{2, 2, 2, 2, 2}));
+  EXPECT_EQ(plan.writes, 5u);
+  ASSERT_OK_AND_ASSIGN(plan, MakePlan(src, Scattered(0, 10), {1, 1 << 20, 1}));
+  EXPECT_EQ(plan.writes, 10u);
+  EXPECT_EQ(plan.rails[0].size(), 10u);
+}
+
+TEST(PlannerTest, GathersNeitherAcrossRegionsNorAcrossRails) {
+  // Destination region changes after three pieces; two rails of 500 bytes each.
+  std::vector<Extent> dst = Scattered(0, 3);
+  for (const Extent& e : Scattered(1, 7)) dst.push_back(e);
+  ASSERT_OK_AND_ASSIGN(Plan plan, MakePlan({{0, 0, 1000}}, dst, {2, 1 << 20, 4}));
+  EXPECT_EQ(PiecesPerWrite(plan.rails[0]), (std::vector<size_t>{3, 2}));
+  EXPECT_EQ(PiecesPerWrite(plan.rails[1]), (std::vector<size_t>{4, 1}));
+  EXPECT_EQ(plan.writes, 4u);
+}
+
 TEST(PlannerTest, SplitsLongPiecesSoEveryRailGetsWork) {
   std::vector<Extent> one = {{0, 0, 8 << 20}};
   ASSERT_OK_AND_ASSIGN(Plan plan, MakePlan(one, one, {4, 1 << 20}));
@@ -161,10 +218,12 @@ TEST(PlannerTest, RejectsOverflowingTotals) {
   EXPECT_THAT(MakePlan(huge, huge, {1, 100}), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
-TEST(PlannerTest, RejectsZeroRailsAndZeroMaxWrite) {
+TEST(PlannerTest, RejectsZeroRailsZeroMaxWriteAndZeroMaxIov) {
   EXPECT_THAT(MakePlan({{0, 0, 1}}, {{0, 0, 1}}, {0, 100}),
               StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(MakePlan({{0, 0, 1}}, {{0, 0, 1}}, {1, 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(MakePlan({{0, 0, 1}}, {{0, 0, 1}}, {1, 100, 0}),
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
