@@ -262,7 +262,8 @@ class Engine {
                            absl::Time deadline = absl::InfiniteFuture());
 
   // Keeps the progress threads polling until the token goes: they call into the provider
-  // while data waits on a rail's fd and block for at most 1 ms otherwise. A destination takes
+  // while data waits on a rail's fd and block for at most 1 ms otherwise (on providers with no
+  // wait fd, shm here, they do not block at all meanwhile). A destination takes
   // one while it expects WRITEs (between asking a source to pull and its answer): on
   // providers with manual progress (tcp, shm) WRITEs land only while the target calls into
   // libfabric, and waking from a long blocking wait for each burst costs throughput. The
