@@ -23,6 +23,8 @@ absl::StatusOr<std::unique_ptr<RawEndpoint>> RawEndpoint::Open(const std::string
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = FI_RMA | FI_WRITE | FI_REMOTE_WRITE;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  // Asked for so that one delivery completion can vouch for every earlier WRITE (WriteAll).
+  hints->tx_attr->msg_order = FI_ORDER_RMA_WAW;
   hints->domain_attr->mr_mode =
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
@@ -110,11 +112,31 @@ absl::Status RawEndpoint::WriteAll(uint64_t peer, uint64_t remote_base, uint64_t
   void* desc = fi_mr_desc(mr_.get());
   size_t next = 0, done = 0, in_flight = 0;
   fi_cq_entry entries[64];
+  // The clock must stop when the bytes have landed, as the engine's does: a WRITE's plain
+  // completion only says its source buffer is free (on tcp: the bytes are in the socket).
+  // On a rail that keeps WRITEs in order the last one asks for delivery completion and
+  // vouches for the rest; elsewhere every WRITE does.
+  const bool ordered = (info_->tx_attr->msg_order & FI_ORDER_RMA_WAW) != 0;
+  const uint64_t order_max = info_->ep_attr->max_order_waw_size;
   while (done < writes.size()) {
     while (next < writes.size() && in_flight < window) {
       const engine::PlannedWrite& w = writes[next];
-      ssize_t rc = fi_write(ep_.get(), region_ + w.src_offset, w.length, desc, peer,
-                            remote_base + w.dst_offset, remote_key, nullptr);
+      ssize_t rc;
+      if (next + 1 == writes.size() || !ordered || w.length > order_max) {
+        iovec iov = {region_ + w.src_offset, w.length};
+        fi_rma_iov rma = {remote_base + w.dst_offset, w.length, remote_key};
+        fi_msg_rma msg = {};
+        msg.msg_iov = &iov;
+        msg.desc = &desc;
+        msg.iov_count = 1;
+        msg.addr = peer;
+        msg.rma_iov = &rma;
+        msg.rma_iov_count = 1;
+        rc = fi_writemsg(ep_.get(), &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
+      } else {
+        rc = fi_write(ep_.get(), region_ + w.src_offset, w.length, desc, peer,
+                      remote_base + w.dst_offset, remote_key, nullptr);
+      }
       if (rc == -FI_EAGAIN) break;
       if (rc) return FiError(rc, "fi_write");
       ++next;

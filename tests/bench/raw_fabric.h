@@ -27,7 +27,8 @@ class RawEndpoint {
   uint64_t base() const;
   absl::StatusOr<uint64_t> Insert(const std::string& address);
   // Posts every write (src offset into the local region, dst offset into the remote one),
-  // keeping `window` in flight, and waits for all completions.
+  // keeping `window` in flight, and waits until every byte has landed at the target (the
+  // last WRITE asks for delivery completion; every WRITE does where WRITEs are unordered).
   absl::Status WriteAll(uint64_t peer, uint64_t remote_base, uint64_t remote_key,
                         const std::vector<engine::PlannedWrite>& writes, size_t window);
   // Reads the CQ once (drives manual progress on the target side).
