@@ -52,6 +52,13 @@ struct EngineOptions {
   // header, a completion and a receive on the target's CPU whatever its size, so scattered
   // small pieces go several to a WRITE. Default: 4.
   size_t max_iov = 4;
+  // While the engine expects WRITEs (KeepAwake), its progress threads poll without pausing:
+  // on tcp and shm WRITEs land only while the target calls into the provider, and a target
+  // that blocks costs the source a wake-up per burst. false: they block once no data has
+  // waited on a rail's fd for 50 us, which spares CPU on a slow link (0.9-1.3 s of CPU per GB
+  // instead of 2.0 at 500 MB/s in `ferry-bench rails`) for some throughput on a fast one.
+  // Default: true.
+  bool spin_while_awake = true;
   // WRITEs in flight per rail; capped by the provider's tx size. Default: 0 (the tx size).
   size_t tx_depth = 0;
   // Bytes in flight per rail (a WRITE is always allowed when none is): enough to cover the
@@ -261,9 +268,9 @@ class Engine {
   absl::Status SendControl(PeerId peer, std::string_view payload,
                            absl::Time deadline = absl::InfiniteFuture());
 
-  // Keeps the progress threads polling until the token goes: they call into the provider
-  // while data waits on a rail's fd and block for at most 1 ms otherwise (on providers with no
-  // wait fd, shm here, they do not block at all meanwhile). A destination takes
+  // Keeps the progress threads polling until the token goes (without pausing, or, with
+  // EngineOptions::spin_while_awake false on a provider with wait fds, while data waits on a
+  // rail's fd, blocking for at most 1 ms otherwise). A destination takes
   // one while it expects WRITEs (between asking a source to pull and its answer): on
   // providers with manual progress (tcp, shm) WRITEs land only while the target calls into
   // libfabric, and waking from a long blocking wait for each burst costs throughput. The

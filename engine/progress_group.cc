@@ -187,16 +187,16 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
       continue;
     }
     const absl::Time now = absl::Now();
-    // A WRITE that lands gives its target no completion, yet on tcp it lands only while the
-    // target calls into the provider. A destination that expects WRITEs (Engine::KeepAwake)
-    // counts bytes waiting on a rail's fd as progress: it spins while data flows and blocks
-    // when it stops. Counting completions only, it slept once per WRITE (35538 sleeps for
-    // 36864 64 KiB WRITEs in `ferry-bench engine`, 1 rail); now about a quarter less often, and
-    // 1 MiB pieces went from 3.3-3.8 to 3.9-4.2 GB/s (4.9 when it never blocks while awake).
-    // Without wait fds (shm here) it cannot tell, so it spins while awake: sleeping 1 ms at a
-    // time held every delivery completion back (2.1 GB/s on shm against 3.4-5.2 now).
+    // A WRITE that lands gives its target no completion, yet on tcp and shm it lands only while
+    // the target calls into the provider. A destination that expects WRITEs (Engine::KeepAwake)
+    // therefore polls without pausing (spin_while_awake), or, when told not to, counts bytes
+    // waiting on a rail's fd as progress and blocks 50 us after they stop. Blocking costs the
+    // source a wake-up for each burst: 1 MiB and 4 MiB pieces in `ferry-bench engine` (1 and 4
+    // rails, four rounds) averaged 0.94x the raw loop blocking and 1.01x spinning. Without wait
+    // fds (shm) it always spins while awake: sleeping 1 ms at a time held every delivery
+    // completion back (2.1 GB/s on shm against 3.4-5.2 now).
     const bool awake = engine_->awake_.load(std::memory_order_relaxed) > 0;
-    if (awake && (!all_fd_ || WaitFds(0) > 0)) {
+    if (awake && (options_.spin_while_awake || !all_fd_ || WaitFds(0) > 0)) {
       idle_since = now;
       continue;
     }

@@ -58,7 +58,7 @@ struct WriteOp : OpBase {
   std::array<uint64_t, kMaxIov> remote = {};
   uint8_t pieces = 0;
   void* desc = nullptr;   // the source region's, on `rail`
-  uint64_t length = 0;    // bytes of every piece
+  uint64_t length = 0;    // its pieces' bytes together
   uint64_t key = 0;       // the destination region's, on `rail`
   fi_addr_t dest = FI_ADDR_UNSPEC;
   bool immediate = false;

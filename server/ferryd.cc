@@ -62,6 +62,10 @@ int main(int argc, char** argv) {
   app.add_option("--rail-backoff-ms", backoff_ms, "first rest of a failed rail (doubles)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{600000}));
+  app.add_option("--spin-while-awake", options.engine.spin_while_awake,
+                 "during a pull into this node, poll the rails without pausing (false: block "
+                 "when no data waits; less CPU, less throughput on fast links)")
+      ->capture_default_str();
   app.add_option("--token-file", token_file, "file with the bearer token clients must send");
   app.add_flag("--insecure", insecure, "allow a non-loopback --listen without a token");
   app.add_option("--max-body-mb", max_body_mb, "largest request body, MiB")->capture_default_str();

@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -474,6 +475,45 @@ TEST(EngineCreateTest, ReportsRailsFromGetinfo) {
   }
   EXPECT_NE(engine->rails()[0].address, engine->rails()[1].address);
   EXPECT_TRUE(engine->rails()[0].placement.empty());  // dealt round robin, not placed
+}
+
+// CPU seconds this process has used (every thread).
+double ProcessCpuSeconds() {
+  rusage u = {};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// CPU seconds the process uses while this thread sleeps for `wall`.
+double CpuWhileSleeping(absl::Duration wall) {
+  const double before = ProcessCpuSeconds();
+  absl::SleepFor(wall);
+  return ProcessCpuSeconds() - before;
+}
+
+TEST(EngineIdleTest, IdleEngineUsesNoCpuAndAnAwakeOneSpinsOnlyWhenAsked) {
+  if (!ProviderAvailable("tcp")) GTEST_SKIP() << "no tcp provider";
+  for (const bool spin : {true, false}) {
+    EngineOptions o;
+    o.domains = {"lo"};
+    o.rails = 2;
+    o.spin_while_awake = spin;
+    ASSERT_OK_AND_ASSIGN(auto engine, Engine::Create(o));
+    absl::SleepFor(absl::Milliseconds(300));  // past the short spin after start-up
+    EXPECT_LT(CpuWhileSleeping(absl::Seconds(1)), 0.05) << "idle, spin_while_awake " << spin;
+    {
+      AwakeToken awake = engine->KeepAwake();
+      const double cpu = CpuWhileSleeping(absl::Seconds(1));
+      if (spin) {
+        EXPECT_GT(cpu, 0.3) << "an awake engine polls without pausing";
+      } else {
+        EXPECT_LT(cpu, 0.3) << "an awake engine with no data waiting blocks";
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_LT(CpuWhileSleeping(absl::Seconds(1)), 0.05) << "idle again, spin " << spin;
+  }
 }
 
 TEST(EngineCreateTest, TopologyPlacesRailsWithoutAPciDeviceInTheHostGroup) {
