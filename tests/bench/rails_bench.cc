@@ -9,11 +9,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <numeric>
 #include <random>
-#include <sstream>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -31,22 +29,8 @@ namespace ferry::bench {
 namespace {
 
 using json = nlohmann::json;
+using testing::CpuSeconds;
 using testing::TestBed;
-
-// CPU seconds (user + system) a process has used so far.
-double CpuSeconds(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t close = stat.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(stat.substr(close + 2));
-  std::string field;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14 || i == 15) ticks += std::stod(field);  // utime, stime
-  }
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
 
 // `size` bytes of `region` as pieces of `piece` bytes in a shuffled order.
 std::vector<metadata::ObjectExtent> Scattered(uint64_t region, uint64_t size, uint64_t piece,

@@ -4,7 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <signal.h>
-#include <sys/resource.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -477,19 +477,11 @@ TEST(EngineCreateTest, ReportsRailsFromGetinfo) {
   EXPECT_TRUE(engine->rails()[0].placement.empty());  // dealt round robin, not placed
 }
 
-// CPU seconds this process has used (every thread).
-double ProcessCpuSeconds() {
-  rusage u = {};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
 // CPU seconds the process uses while this thread sleeps for `wall`.
 double CpuWhileSleeping(absl::Duration wall) {
-  const double before = ProcessCpuSeconds();
+  const double before = ferry::testing::CpuSeconds(getpid());
   absl::SleepFor(wall);
-  return ProcessCpuSeconds() - before;
+  return ferry::testing::CpuSeconds(getpid()) - before;
 }
 
 TEST(EngineIdleTest, IdleEngineUsesNoCpuAndAnAwakeOneSpinsOnlyWhenAsked) {

@@ -54,6 +54,10 @@ class Subprocess {
 absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv,
                                        absl::Duration timeout = absl::Seconds(30));
 
+// CPU seconds (user + system, every thread) process `pid` has used so far, from
+// /proc/PID/stat (clock-tick resolution); 0 when it cannot be read.
+double CpuSeconds(pid_t pid);
+
 }  // namespace ferry::testing
 
 #endif  // FERRY_TESTS_TESTING_SUBPROCESS_H_
