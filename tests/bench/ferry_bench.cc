@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "engine/engine.h"
@@ -208,23 +209,41 @@ struct Row {
   std::vector<uint64_t> bytes_per_rail;
 };
 
-// One configuration: an untimed pass of each, then raw and engine passes interleaved, so both
-// see the same machine; medians.
+// Seconds of `iters` passes of two runs, taken in turns so that both see the same machine.
+struct Paired {
+  std::vector<double> a, b;
+};
+
+// The median over passes of num[i] / den[i].
+double MedianRatio(const std::vector<double>& num, const std::vector<double>& den) {
+  std::vector<double> r;
+  for (size_t i = 0; i < num.size(); ++i) r.push_back(num[i] / den[i]);
+  return Median(std::move(r));
+}
+
+// An untimed pass of each, then `iters` passes of `a` and `b` in turns.
+absl::StatusOr<Paired> Alternate(int iters, absl::FunctionRef<absl::StatusOr<double>()> a,
+                                 absl::FunctionRef<absl::StatusOr<double>()> b) {
+  RETURN_IF_ERROR(a().status());
+  RETURN_IF_ERROR(b().status());
+  Paired out;
+  for (int i = 0; i < iters; ++i) {
+    ASSIGN_OR_RETURN(double ta, a());
+    ASSIGN_OR_RETURN(double tb, b());
+    out.a.push_back(ta);
+    out.b.push_back(tb);
+  }
+  return out;
+}
+
+// One configuration: raw (a) and engine (b) passes in turns; medians.
 absl::StatusOr<Row> Measure(const EngineFlags& f, RawSession* raw, testing::Subprocess& peer,
                             const nlohmann::json& hello, size_t rails, const std::string& layout,
                             uint64_t piece, char* src) {
   const auto writes = Layout(layout, piece, f.total);
   ASSIGN_OR_RETURN(auto eng, EngineSession::Start(f, hello, rails, writes, src));
-  RETURN_IF_ERROR(raw->Run(writes).status());
-  RETURN_IF_ERROR(eng->Run(peer).status());
-  std::vector<double> raw_times, eng_times, ratios;
-  for (int i = 0; i < f.iters; ++i) {
-    ASSIGN_OR_RETURN(double r, raw->Run(writes));
-    ASSIGN_OR_RETURN(double e, eng->Run(peer));
-    raw_times.push_back(r);
-    eng_times.push_back(e);
-    ratios.push_back(r / e);
-  }
+  ASSIGN_OR_RETURN(Paired times, Alternate(f.iters, [&] { return raw->Run(writes); },
+                                           [&] { return eng->Run(peer); }));
   if (f.verify) {
     ASSIGN_OR_RETURN(auto reply, peer.Call({{"cmd", "verify"},
                                             {"seed", kSeed},
@@ -235,8 +254,8 @@ absl::StatusOr<Row> Measure(const EngineFlags& f, RawSession* raw, testing::Subp
     }
   }
   return Row{layout,          piece,           rails,
-             writes.size(),   eng->writes(),   Median(eng_times),
-             Median(raw_times), Median(ratios), eng->bytes_per_rail()};
+             writes.size(),   eng->writes(),   Median(times.b),
+             Median(times.a), MedianRatio(times.a, times.b), eng->bytes_per_rail()};
 }
 
 // The second target, on the same moments as for the raw ratio: 64 KiB scattered and 4 MiB
@@ -251,15 +270,9 @@ absl::StatusOr<double> ScatteredAgainstContiguous(const EngineFlags& f, testing:
   ASSIGN_OR_RETURN(auto contiguous, EngineSession::Start(f, hello, rails,
                                                          Layout("contiguous", 4 << 20, f.total),
                                                          src));
-  RETURN_IF_ERROR(scattered->Run(peer).status());
-  RETURN_IF_ERROR(contiguous->Run(peer).status());
-  std::vector<double> ratios;
-  for (int i = 0; i < f.iters; ++i) {
-    ASSIGN_OR_RETURN(double s, scattered->Run(peer));
-    ASSIGN_OR_RETURN(double c, contiguous->Run(peer));
-    ratios.push_back(c / s);
-  }
-  return Median(ratios);
+  ASSIGN_OR_RETURN(Paired times, Alternate(f.iters, [&] { return scattered->Run(peer); },
+                                           [&] { return contiguous->Run(peer); }));
+  return MedianRatio(times.b, times.a);
 }
 
 int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
