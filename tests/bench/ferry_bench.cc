@@ -44,7 +44,7 @@ struct EngineFlags {
   std::vector<uint64_t> pieces = {4096, 65536, 1 << 20, 4 << 20, 64 << 20};
   uint64_t total = 256 << 20;
   std::vector<std::string> layouts = {"contiguous", "scattered"};
-  int iters = 7;
+  int iters = 15;
   size_t threads = 1;
   size_t window = 64;
   size_t depth = 0;
@@ -80,6 +80,10 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
+
+struct Spread {
+  double p25 = 0, median = 0, p75 = 0;
+};
 
 absl::StatusOr<nlohmann::json> SpawnHello(std::unique_ptr<testing::Subprocess>* child,
                                           const std::vector<std::string>& argv) {
@@ -205,7 +209,7 @@ struct Row {
   size_t writes = 0;         // pieces: the raw loop's WRITEs
   uint64_t engine_writes = 0;  // the engine's (merged, cut and gathered)
   double seconds = 0, raw_seconds = 0;
-  double ratio = 0;  // median over passes of raw time / engine time (paired: same moment)
+  Spread ratio;  // over passes of raw time / engine time (paired: same moment)
   std::vector<uint64_t> bytes_per_rail;
 };
 
@@ -214,11 +218,14 @@ struct Paired {
   std::vector<double> a, b;
 };
 
-// The median over passes of num[i] / den[i].
-double MedianRatio(const std::vector<double>& num, const std::vector<double>& den) {
+// The quartiles over passes of num[i] / den[i]. The machine is shared: half the paired
+// ratios lie between p25 and p75, and a median whose spread straddles 1 is no finding.
+Spread PairedRatios(const std::vector<double>& num, const std::vector<double>& den) {
   std::vector<double> r;
   for (size_t i = 0; i < num.size(); ++i) r.push_back(num[i] / den[i]);
-  return Median(std::move(r));
+  std::sort(r.begin(), r.end());
+  const size_t q = r.size() / 4;
+  return {r[q], r[r.size() / 2], r[r.size() - 1 - q]};
 }
 
 // An untimed pass of each, then `iters` passes of `a` and `b` in turns.
@@ -255,13 +262,13 @@ absl::StatusOr<Row> Measure(const EngineFlags& f, RawSession* raw, testing::Subp
   }
   return Row{layout,          piece,           rails,
              writes.size(),   eng->writes(),   Median(times.b),
-             Median(times.a), MedianRatio(times.a, times.b), eng->bytes_per_rail()};
+             Median(times.a), PairedRatios(times.a, times.b), eng->bytes_per_rail()};
 }
 
 // The second target, on the same moments as for the raw ratio: 64 KiB scattered and 4 MiB
 // contiguous, engine against engine, passes interleaved; the median of paired time ratios
 // (4 MiB contiguous time / 64 KiB scattered time).
-absl::StatusOr<double> ScatteredAgainstContiguous(const EngineFlags& f, testing::Subprocess& peer,
+absl::StatusOr<Spread> ScatteredAgainstContiguous(const EngineFlags& f, testing::Subprocess& peer,
                                                   const nlohmann::json& hello, size_t rails,
                                                   char* src) {
   ASSIGN_OR_RETURN(auto scattered, EngineSession::Start(f, hello, rails,
@@ -272,7 +279,7 @@ absl::StatusOr<double> ScatteredAgainstContiguous(const EngineFlags& f, testing:
                                                          src));
   ASSIGN_OR_RETURN(Paired times, Alternate(f.iters, [&] { return scattered->Run(peer); },
                                            [&] { return contiguous->Run(peer); }));
-  return MedianRatio(times.b, times.a);
+  return PairedRatios(times.b, times.a);
 }
 
 int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
@@ -283,7 +290,7 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
   const uint64_t dst_size = 2 * f.total;  // scattered slots are two pieces apart
 
   std::vector<Row> rows;
-  std::vector<std::pair<uint64_t, double>> shares;  // rails, 64 KiB scattered / 4 MiB contiguous
+  std::vector<std::pair<uint64_t, Spread>> shares;  // rails, 64 KiB scattered / 4 MiB contiguous
   // One raw target for the whole run: its buffer is touched once, like the engine peer's.
   auto raw = RawSession::Start(f, self, dst_size, src);
   if (!raw.ok()) {
@@ -293,11 +300,11 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
   if (!f.json) {
     std::printf("# ferry-bench engine: provider %s, domain %s, %d iterations (median), "
                 "raw baseline = one endpoint, fi_write loop, window %zu, run alternately with the "
-                "engine; ratio = median of paired raw/engine times\n",
+                "engine; ratio = median of paired raw/engine times, p25-p75 their quartiles\n",
                 f.provider.c_str(), f.domain.c_str(), f.iters, f.window);
-    std::printf("%-10s %5s %9s %5s %11s %9s %9s %10s %10s %9s %6s %7s\n", "layout", "rails",
-                "bytes", "iters", "total", "time", "MB/sec", "usec/xfer", "Mxfers/sec",
-                "raw MB/s", "ratio", "WRITEs");
+    std::printf("%-10s %5s %9s %5s %11s %9s %9s %10s %10s %9s %6s %9s %7s\n", "layout",
+                "rails", "bytes", "iters", "total", "time", "MB/sec", "usec/xfer", "Mxfers/sec",
+                "raw MB/s", "ratio", "p25-p75", "WRITEs");
   }
   for (uint64_t rails : f.rails) {
     auto peer = std::make_unique<std::unique_ptr<testing::Subprocess>>();
@@ -335,16 +342,19 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
                                       {"usec_per_xfer", row.seconds * 1e6 / xfers},
                                       {"raw_mb_per_sec", raw_mbps},
                                       {"engine_writes", row.engine_writes},
-                                      {"ratio", row.ratio},
+                                      {"ratio", row.ratio.median},
+                                      {"ratio_p25", row.ratio.p25},
+                                      {"ratio_p75", row.ratio.p75},
                                       {"bytes_per_rail", row.bytes_per_rail}}
                            .dump()
                     << std::endl;
         } else {
-          std::printf("%-10s %5zu %9lu %5d %11.0f %9.4f %9.1f %10.2f %10.4f %9.1f %6.2f %7lu\n",
+          std::printf("%-10s %5zu %9lu %5d %11.0f %9.4f %9.1f %10.2f %10.4f %9.1f %6.2f "
+                      "%4.2f-%4.2f %7lu\n",
                       layout.c_str(), static_cast<size_t>(rails), static_cast<unsigned long>(piece),
                       f.iters, bytes, row.seconds, mbps, row.seconds * 1e6 / xfers,
-                      xfers / row.seconds / 1e6, raw_mbps, row.ratio,
-                      static_cast<unsigned long>(row.engine_writes));
+                      xfers / row.seconds / 1e6, raw_mbps, row.ratio.median, row.ratio.p25,
+                      row.ratio.p75, static_cast<unsigned long>(row.engine_writes));
           std::fflush(stdout);
         }
         rows.push_back(row);
@@ -370,7 +380,9 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
                                     {"rails", rails},
                                     {"compare", "64 KiB scattered / 4 MiB contiguous"},
                                     {"iters", f.iters},
-                                    {"ratio", *share}}
+                                    {"ratio", share->median},
+                                    {"ratio_p25", share->p25},
+                                    {"ratio_p75", share->p75}}
                          .dump()
                   << std::endl;
       } else {
@@ -382,8 +394,9 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
   }
   for (const auto& [rails, share] : shares) {
     std::printf("# rails %lu: 64 KiB scattered = %.1f%% of 4 MiB contiguous (median of %d paired "
-                "passes)\n",
-                static_cast<unsigned long>(rails), 100.0 * share, f.iters);
+                "passes; p25-p75 %.1f-%.1f%%)\n",
+                static_cast<unsigned long>(rails), 100.0 * share.median, f.iters,
+                100.0 * share.p25, 100.0 * share.p75);
   }
   std::free(src);
   return 0;
