@@ -49,12 +49,13 @@ bool CudaOk(cudaError_t e, const char* what) {
 }
 
 // cudaMemcpyPeer of `size` bytes from GPU `src` to GPU `dst` (or within one GPU), the
-// device-to-pinned-host copy rate of GPU `src`, and ferry's batched copy alone (no node, no
-// HTTP: CudaCopyPieces on GPU `dst`, reading over NVLink, and on GPU `src`, writing over it)
-// for each piece count: seconds, median.
+// device-to-pinned-host copy rate of GPU `src`, and for each piece count: ferry's batched
+// copy alone (no node, no HTTP: CudaCopyPieces on GPU `dst`, reading over NVLink, and on GPU
+// `src`, writing over it) and what a program without ferry would do, a cudaMemcpyPeerAsync
+// per piece on one stream: seconds, median.
 struct Baselines {
   double peer = 0, d2h = 0;
-  std::vector<double> pieces, pushed;  // per f.pieces
+  std::vector<double> pieces, pushed, peer_per_piece;  // per f.pieces
 };
 std::optional<Baselines> MeasureBaselines(int src, int dst, uint64_t size, int iters,
                                           const std::vector<uint64_t>& piece_counts) {
@@ -94,6 +95,17 @@ std::optional<Baselines> MeasureBaselines(int src, int dst, uint64_t size, int i
     };
     out.pieces.push_back(copy_on(dst));
     out.pushed.push_back(copy_on(src));
+    cudaSetDevice(src);
+    out.peer_per_piece.push_back(TimeIt(iters, [&] {
+      for (const engine::CopyPiece& c : copies) {
+        cudaMemcpyPeerAsync(reinterpret_cast<void*>(c.dst), dst,
+                            reinterpret_cast<const void*>(c.src), src, c.length);
+      }
+      const cudaError_t e = cudaDeviceSynchronize();
+      if (e != cudaSuccess && copied.ok()) {
+        copied = absl::InternalError(absl::StrCat("cudaMemcpyPeerAsync: ", cudaGetErrorName(e)));
+      }
+    }));
     if (!copied.ok()) {
       std::cerr << "batched copy: " << copied << "\n";
       return std::nullopt;
@@ -185,6 +197,11 @@ int RunGpuBench(const GpuFlags& f) {
         absl::StrCat("CudaCopyPieces alone on the source GPU, ", n, " x ", f.size / n,
                      " B shuffled, ", src_dev, " -> ", dst_dev, ": ", gb / base->pushed[i],
                      " GB/s"));
+    row({{"bench", "gpu_baseline"}, {"what", "memcpy_peer_per_piece"}, {"pieces", n},
+         {"piece_bytes", f.size / n}, {"bytes", f.size},
+         {"gb_per_sec", gb / base->peer_per_piece[i]}},
+        absl::StrCat("cudaMemcpyPeerAsync per piece, ", n, " x ", f.size / n, " B shuffled, ",
+                     src_dev, " -> ", dst_dev, ": ", gb / base->peer_per_piece[i], " GB/s"));
   }
   const uint64_t src_region = NewRegion(ca, src_dev, f.size);
   const uint64_t dst_region = NewRegion(cb, dst_dev, f.size);

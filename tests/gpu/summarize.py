@@ -7,14 +7,16 @@ base = {r["what"]: r["gb_per_sec"] for r in rows
         if r.get("bench") == "gpu_baseline" and "pieces" not in r}
 batched = {r["pieces"]: r["gb_per_sec"] for r in rows
            if r.get("bench") == "gpu_baseline" and r.get("what") == "batched_copy"}
+per_piece = {r["pieces"]: r["gb_per_sec"] for r in rows
+             if r.get("bench") == "gpu_baseline" and r.get("what") == "memcpy_peer_per_piece"}
 nccl = {r["bytes"]: r["gb_per_sec"] for r in rows if r.get("bench") == "nccl" and "gb_per_sec" in r}
 raw = [r for r in rows if "raw_mb_per_sec" in r]
 raw_gbs = max((r["raw_mb_per_sec"] / 1e3 for r in raw), default=0)
 pulls = [r for r in rows if r.get("bench") == "gpu_pull"]
 peer = base.get("cudaMemcpyPeer", 0)
 nccl_1g = nccl.get(1 << 30, 0)
-print("| path | layout | pieces | GB/s end to end | GB/s copy | copy alone | copy vs cudaMemcpyPeer | copy vs NCCL | target (on the copy) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| path | layout | pieces | GB/s end to end | GB/s copy | copy alone | copy vs cudaMemcpyPeer | copy vs NCCL | copy vs a cudaMemcpyPeerAsync per piece | target (on the copy) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 contiguous = {}
 for r in pulls:
     if r["pieces"] == 1:
@@ -36,8 +38,10 @@ for r in pulls:
         target = (f"{'met' if ok else 'MISSED'}: >= 80% of min(d2h, raw tcp) = {ceiling:.2f} GB/s"
                   f" ({gbs / ceiling * 100:.1f}%)") if ceiling else ""
     alone = f"{batched[r['pieces']]:.1f}" if r["path"] == "cuda_ipc" and r["pieces"] in batched else ""
+    vs_pieces = f"{gbs / per_piece[r['pieces']]:.2f}x" if r["pieces"] in per_piece else ""
     print(f"| {r['path']} | {r['layout']} | {r['pieces']} x {r['piece_bytes'] >> 10} KiB | "
-          f"{r['gb_per_sec']:.1f} | {gbs:.1f} | {alone} | {gbs / peer:.3f} | {vs_nccl} | {target} |")
+          f"{r['gb_per_sec']:.1f} | {gbs:.1f} | {alone} | {gbs / peer:.3f} | {vs_nccl} | "
+          f"{vs_pieces} | {target} |")
 print()
 print("GB/s end to end: wall clock of POST /v1/pulls on the destination (HTTP, planning and the copy);")
 print("GB/s copy: the pull's own seconds (source side: from its plan to the last byte; staged: the")
@@ -46,4 +50,7 @@ print()
 print(f"Baselines in the same run: cudaMemcpyPeer {peer:.1f} GB/s; device -> pinned host "
       f"{base.get('d2h_pinned', 0):.1f} GB/s; NCCL send/recv " +
       (", ".join(f"{b >> 20} MiB {v:.1f} GB/s" for b, v in sorted(nccl.items())) or "not run") +
-      f"; raw libfabric tcp (fi_write loop, lo) {raw_gbs:.2f} GB/s.")
+      f"; raw libfabric tcp (fi_write loop, lo) {raw_gbs:.2f} GB/s; a cudaMemcpyPeerAsync per "
+      "piece (what a program without ferry does; the targets stay on the one cudaMemcpyPeer) " +
+      (", ".join(f"{n} pieces {v:.1f} GB/s" for n, v in sorted(per_piece.items())) or "not run") +
+      ".")
