@@ -266,8 +266,8 @@ absl::StatusOr<Row> Measure(const EngineFlags& f, RawSession* raw, testing::Subp
 }
 
 // The second target, on the same moments as for the raw ratio: 64 KiB scattered and 4 MiB
-// contiguous, engine against engine, passes interleaved; the median of paired time ratios
-// (4 MiB contiguous time / 64 KiB scattered time).
+// contiguous, engine against engine, passes interleaved; the quartiles of the paired time
+// ratios (4 MiB contiguous time / 64 KiB scattered time).
 absl::StatusOr<Spread> ScatteredAgainstContiguous(const EngineFlags& f, testing::Subprocess& peer,
                                                   const nlohmann::json& hello, size_t rails,
                                                   char* src) {
