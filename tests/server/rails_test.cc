@@ -177,7 +177,8 @@ TEST_F(RailsTest, ARailDownAtFirstContactRestsAndIsUsedOnceItIsBack) {
 }
 
 TEST_F(RailsTest, AFasterRailTakesOverTheQueuedWritesOfASlowerOne) {
-  ASSERT_NO_FATAL_FAILURE(Start(2, 500, 2, 2));
+  // Both rails must be up for the pull (see NodesWithFourAndTwoRailsPullBothWays).
+  ASSERT_NO_FATAL_FAILURE(Start(2, 500, 2, 2, /*stall_ms=*/5000));
   ASSERT_TRUE(bed_->SetRate(1, 50).ok());
   const std::string data = Put(TestBed::kA, "weights", 32 << 20);
   const json stats = Pull(TestBed::kB, "weights", "copy");
