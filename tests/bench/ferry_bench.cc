@@ -28,6 +28,7 @@
 #include "tests/bench/rails_bench.h"
 #include "tests/bench/gpu_bench.h"
 #include "tests/bench/raw_fabric.h"
+#include "tests/bench/stats.h"
 #include "tests/testing/engine_peer.h"
 #include "tests/testing/pattern.h"
 #include "tests/testing/subprocess.h"
@@ -74,11 +75,6 @@ std::vector<engine::PlannedWrite> Layout(const std::string& layout, uint64_t pie
     writes.push_back({0, i * piece, 0, layout == "scattered" ? dst[i].offset : i * piece, piece});
   }
   return writes;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 struct Spread {

@@ -17,17 +17,13 @@
 #include "absl/time/clock.h"
 #include "engine/cuda.h"
 #include "nlohmann/json.hpp"
+#include "tests/bench/stats.h"
 #include "tests/testing/ferryd_process.h"
 
 namespace ferry::bench {
 namespace {
 
 using json = nlohmann::json;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Seconds of `iters` runs of `fn` after one untimed run, median.
 template <typename Fn>

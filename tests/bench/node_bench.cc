@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "metadata/catalog.h"
 #include "nlohmann/json.hpp"
+#include "tests/bench/stats.h"
 #include "tests/testing/ferryd_process.h"
 
 namespace ferry::bench {
@@ -40,11 +41,6 @@ bool Start(testing::FerrydProcess& d, const NodeFlags& f, const std::string& dir
   }
   d = std::move(*p);
   return true;
-}
-
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
 }
 
 void Row(const NodeFlags& f, const json& j, const std::string& text) {
