@@ -2,7 +2,9 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <list>
 #include <mutex>
 #include <string_view>
@@ -239,52 +241,100 @@ absl::StatusOr<CudaMapping> CudaIpcCache::Open(const std::string& handle, int de
 
 namespace {
 
-// Streams and chunk-list buffers for one batched copy at a time on one GPU; the buffers grow
-// and stay (no allocation per copy).
+// A list of kernel chunks built in pinned memory and copied to the GPU before each launch;
+// grows and stays (no allocation per copy).
+struct ChunkList {
+  CopyChunk* host = nullptr;    // pinned
+  CopyChunk* device = nullptr;  // on the GPU that runs the kernel
+  uint64_t capacity = 0;        // chunks
+
+  // Room for `chunks`; the GPU of `device` must be current.
+  cudaError_t Reserve(uint64_t chunks) {
+    if (chunks <= capacity) return cudaSuccess;
+    cudaFreeHost(host);
+    cudaFree(device);
+    host = nullptr;
+    device = nullptr;
+    capacity = 0;
+    const uint64_t want = std::max<uint64_t>(chunks, 4096);
+    void *h = nullptr, *d = nullptr;
+    cudaError_t e = cudaMallocHost(&h, want * sizeof(CopyChunk));
+    if (e == cudaSuccess) e = cudaMalloc(&d, want * sizeof(CopyChunk));
+    if (e != cudaSuccess) {
+      cudaFreeHost(h);
+      return e;
+    }
+    host = static_cast<CopyChunk*>(h);
+    device = static_cast<CopyChunk*>(d);
+    capacity = want;
+    return cudaSuccess;
+  }
+  // Hands chunks [from, to) to the GPU: their list, then one kernel, on `stream`.
+  cudaError_t Launch(uint64_t from, uint64_t to, int sms, cudaStream_t stream) const {
+    cudaError_t e = cudaMemcpyAsync(device + from, host + from, (to - from) * sizeof(CopyChunk),
+                                    cudaMemcpyHostToDevice, stream);
+    return e == cudaSuccess ? LaunchCopyChunks(device + from, to - from, sms, stream) : e;
+  }
+};
+
+cudaError_t CreateStreams(std::initializer_list<cudaStream_t*> streams) {
+  for (cudaStream_t* st : streams) {
+    if (cudaError_t e = cudaStreamCreateWithFlags(st, cudaStreamNonBlocking); e != cudaSuccess) {
+      return e;
+    }
+  }
+  return cudaSuccess;
+}
+
+// Streams and chunk list for one batched copy at a time on one GPU.
 struct Scratch {
   int device = 0;
   // Batches alternate between two kernel streams, so that one batch's last blocks overlap
   // the next batch's first instead of leaving SMs idle at every kernel boundary.
   cudaStream_t kernel[2] = {nullptr, nullptr};
   cudaStream_t engine = nullptr;
-  CopyChunk* host = nullptr;           // pinned
-  CopyChunk* device_chunks = nullptr;  // on the GPU
-  uint64_t capacity = 0;               // chunks
+  ChunkList chunks;
 };
 
-// Idle scratches by GPU, shared by every thread: a copy takes one and gives it back, so that
-// concurrent copies do not wait on each other and a request thread never pays for streams
-// and pinned buffers of its own. Scratches live as long as the process.
-ABSL_CONST_INIT absl::Mutex scratch_mu(absl::kConstInit);
-absl::flat_hash_map<int, std::vector<Scratch*>>& IdleScratch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(scratch_mu) {
-  static auto* idle = new absl::flat_hash_map<int, std::vector<Scratch*>>();
-  return *idle;
+// Idle scratches and relays, shared by every thread: a copy takes one and gives it back, so
+// that concurrent copies do not wait on each other and a request thread never pays for
+// streams and buffers of its own. What the pools hold lives as long as the process.
+template <typename Key, typename T>
+class IdlePool {
+ public:
+  T* Take(const Key& key) {
+    absl::MutexLock lock(&mu_);
+    std::vector<T*>& idle = idle_[key];
+    if (idle.empty()) return nullptr;
+    T* t = idle.back();
+    idle.pop_back();
+    return t;
+  }
+  void Give(const Key& key, T* t) {
+    absl::MutexLock lock(&mu_);
+    idle_[key].push_back(t);
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<Key, std::vector<T*>> idle_ ABSL_GUARDED_BY(mu_);
+};
+
+IdlePool<int, Scratch>& IdleScratches() {
+  static auto* pool = new IdlePool<int, Scratch>();
+  return *pool;
 }
 
-void ReleaseScratch(Scratch* sc) {
-  absl::MutexLock lock(&scratch_mu);
-  IdleScratch()[sc->device].push_back(sc);
-}
+void ReleaseScratch(Scratch* sc) { IdleScratches().Give(sc->device, sc); }
 
 // An idle scratch for `device` (the current CUDA device) with room for `chunks`.
 absl::StatusOr<Scratch*> TakeScratch(int device, uint64_t chunks) {
-  Scratch* sc = nullptr;
-  {
-    absl::MutexLock lock(&scratch_mu);
-    auto& idle = IdleScratch()[device];
-    if (!idle.empty()) {
-      sc = idle.back();
-      idle.pop_back();
-    }
-  }
+  Scratch* sc = IdleScratches().Take(device);
   if (sc == nullptr) {
     sc = new Scratch();
     sc->device = device;
-    cudaError_t e = cudaSuccess;
-    for (cudaStream_t* st : {&sc->kernel[0], &sc->kernel[1], &sc->engine}) {
-      if (e == cudaSuccess) e = cudaStreamCreateWithFlags(st, cudaStreamNonBlocking);
-    }
-    if (e != cudaSuccess) {
+    if (cudaError_t e = CreateStreams({&sc->kernel[0], &sc->kernel[1], &sc->engine});
+        e != cudaSuccess) {
       for (cudaStream_t st : {sc->kernel[0], sc->kernel[1], sc->engine}) {
         if (st != nullptr) cudaStreamDestroy(st);
       }
@@ -292,26 +342,106 @@ absl::StatusOr<Scratch*> TakeScratch(int device, uint64_t chunks) {
       return CudaError(e, "cudaStreamCreate");
     }
   }
-  if (chunks > sc->capacity) {
-    cudaFreeHost(sc->host);
-    cudaFree(sc->device_chunks);
-    sc->host = nullptr;
-    sc->device_chunks = nullptr;
-    sc->capacity = 0;
-    const uint64_t want = std::max<uint64_t>(chunks, 4096);
-    void *host = nullptr, *dev = nullptr;
-    cudaError_t e = cudaMallocHost(&host, want * sizeof(CopyChunk));
-    if (e == cudaSuccess) e = cudaMalloc(&dev, want * sizeof(CopyChunk));
-    if (e != cudaSuccess) {
-      cudaFreeHost(host);
-      ReleaseScratch(sc);
-      return CudaError(e, "cudaMallocHost/cudaMalloc");
-    }
-    sc->host = static_cast<CopyChunk*>(host);
-    sc->device_chunks = static_cast<CopyChunk*>(dev);
-    sc->capacity = want;
+  if (cudaError_t e = sc->chunks.Reserve(chunks); e != cudaSuccess) {
+    ReleaseScratch(sc);
+    return CudaError(e, "cudaMallocHost/cudaMalloc");
   }
   return sc;
+}
+
+// Pieces from one GPU to another: a kernel on the destination reading over NVLink moves
+// 370-373 GB/s whatever the shape of its blocks, the copy engines 394 GB/s (cudaMemcpyPeer,
+// 2 x H200, tests/gpu/RESULTS.md), but they pay about 6 us a call (a cudaMemcpyPeerAsync per
+// 256 KiB piece: 36 GB/s). A relay gives them few large calls: a kernel on the source GPU
+// gathers a window of pieces into a staging slot there (at HBM speed, several times NVLink's),
+// one cudaMemcpyPeerAsync moves the slot, a kernel on the destination scatters it; with
+// kRelaySlots windows in flight the three steps of successive windows overlap.
+constexpr uint64_t kRelayWindow = uint64_t{16} << 20;
+constexpr uint64_t kRelaySlots = 4;
+
+// Streams, events, staging and the gather list of one relayed copy at a time between two GPUs.
+// Events of a slot: `gathered` (on src) lets the move start, `moved` frees the source's slot
+// and lets the scatter start, `scattered` frees the destination's slot.
+struct Relay {
+  int src = 0, dst = 0;
+  cudaStream_t gather = nullptr;  // on src
+  cudaStream_t move = nullptr;    // on dst
+  char* stage_src = nullptr;      // kRelaySlots windows on src
+  char* stage_dst = nullptr;      // and on dst
+  cudaEvent_t gathered[kRelaySlots] = {};
+  cudaEvent_t moved[kRelaySlots] = {};
+  cudaEvent_t scattered[kRelaySlots] = {};
+  ChunkList chunks;  // the gather kernel's, on src
+
+  cudaError_t Create() {
+    cudaError_t e = cudaSetDevice(src);
+    if (e == cudaSuccess) e = CreateStreams({&gather});
+    if (e == cudaSuccess) {
+      e = cudaMalloc(reinterpret_cast<void**>(&stage_src), kRelaySlots * kRelayWindow);
+    }
+    for (cudaEvent_t& ev : gathered) {
+      if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    }
+    if (e == cudaSuccess) e = cudaSetDevice(dst);
+    if (e == cudaSuccess) e = CreateStreams({&move});
+    if (e == cudaSuccess) {
+      e = cudaMalloc(reinterpret_cast<void**>(&stage_dst), kRelaySlots * kRelayWindow);
+    }
+    for (uint64_t i = 0; i < kRelaySlots; ++i) {
+      if (e == cudaSuccess) e = cudaEventCreateWithFlags(&moved[i], cudaEventDisableTiming);
+      if (e == cudaSuccess) e = cudaEventCreateWithFlags(&scattered[i], cudaEventDisableTiming);
+    }
+    return e;
+  }
+  // Frees what Create made (after a failed Create: it is never used again).
+  void Destroy() {
+    for (uint64_t i = 0; i < kRelaySlots; ++i) {
+      for (cudaEvent_t ev : {gathered[i], moved[i], scattered[i]}) {
+        if (ev != nullptr) cudaEventDestroy(ev);
+      }
+    }
+    for (cudaStream_t st : {gather, move}) {
+      if (st != nullptr) cudaStreamDestroy(st);
+    }
+    cudaFree(stage_src);
+    cudaFree(stage_dst);
+    cudaFreeHost(chunks.host);
+    cudaFree(chunks.device);
+  }
+};
+
+IdlePool<std::pair<int, int>, Relay>& IdleRelays() {
+  static auto* pool = new IdlePool<std::pair<int, int>, Relay>();
+  return *pool;
+}
+
+void ReleaseRelay(Relay* r) { IdleRelays().Give({r->src, r->dst}, r); }
+
+// An idle relay from `src` to `dst` with room for `chunks`, or nullptr when CUDA refused the
+// streams or the staging (then the copy goes without one). Leaves `dst` current.
+Relay* TakeRelay(int src, int dst, uint64_t chunks) {
+  Relay* r = IdleRelays().Take({src, dst});
+  if (r == nullptr) {
+    r = new Relay();
+    r->src = src;
+    r->dst = dst;
+    if (r->Create() != cudaSuccess) {
+      cudaGetLastError();
+      r->Destroy();
+      delete r;
+      cudaSetDevice(dst);
+      return nullptr;
+    }
+  }
+  const cudaError_t e = cudaSetDevice(src) == cudaSuccess ? r->chunks.Reserve(chunks)
+                                                           : cudaErrorInvalidDevice;
+  cudaSetDevice(dst);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    ReleaseRelay(r);
+    return nullptr;
+  }
+  return r;
 }
 
 // The first batch is small so that the GPU starts at once; each next one doubles.
@@ -324,23 +454,70 @@ struct CudaCopyBatch::State {
   int sms = 0;
   Scratch* sc = nullptr;
   uint64_t max_chunks = 0;
-  uint64_t added = 0;     // chunks written to sc->host
+  uint64_t added = 0;     // chunks written to sc->chunks
   uint64_t launched = 0;  // chunks handed to the GPU
   uint64_t batches = 0;
   uint64_t next_launch = kFirstBatch;
   bool pending = false;   // work was handed over since the last wait
   cudaError_t error = cudaSuccess;
+  // With a relay, chunk i of sc->chunks scatters what chunk i of relay->chunks gathered.
+  Relay* relay = nullptr;
+  int src_sms = 0;
+  uint64_t fill = 0;      // bytes in the open window
+  uint64_t windows = 0;   // windows handed over
 
   void Launch() {
     if (error != cudaSuccess || added == launched) return;
     const uint64_t n = added - launched;
-    const cudaStream_t stream = sc->kernel[batches++ % 2];
-    error = cudaMemcpyAsync(sc->device_chunks + launched, sc->host + launched,
-                            n * sizeof(CopyChunk), cudaMemcpyHostToDevice, stream);
-    if (error == cudaSuccess) error = LaunchCopyChunks(sc->device_chunks + launched, n, sms, stream);
+    error = sc->chunks.Launch(launched, added, sms, sc->kernel[batches++ % 2]);
     launched = added;
     pending = true;
     next_launch = added + std::max<uint64_t>(n * 2, kFirstBatch);
+  }
+  // Gathers the open window on the source GPU, moves it, scatters it here (see Relay).
+  void Relayed() {
+    if (error != cudaSuccess || fill == 0) return;
+    Relay& r = *relay;
+    const uint64_t slot = windows++ % kRelaySlots;
+    const uint64_t at = slot * kRelayWindow;
+    const cudaStream_t scatter = sc->kernel[batches++ % 2];
+    pending = true;
+    error = cudaSetDevice(r.src);
+    if (error == cudaSuccess) error = cudaStreamWaitEvent(r.gather, r.moved[slot]);
+    if (error == cudaSuccess) error = r.chunks.Launch(launched, added, src_sms, r.gather);
+    if (error == cudaSuccess) error = cudaEventRecord(r.gathered[slot], r.gather);
+    if (const cudaError_t e = cudaSetDevice(device); error == cudaSuccess) error = e;
+    if (error == cudaSuccess) error = cudaStreamWaitEvent(r.move, r.gathered[slot]);
+    if (error == cudaSuccess) error = cudaStreamWaitEvent(r.move, r.scattered[slot]);
+    if (error == cudaSuccess) {
+      error = cudaMemcpyPeerAsync(r.stage_dst + at, device, r.stage_src + at, r.src, fill, r.move);
+    }
+    if (error == cudaSuccess) error = cudaEventRecord(r.moved[slot], r.move);
+    if (error == cudaSuccess) error = cudaStreamWaitEvent(scatter, r.moved[slot]);
+    if (error == cudaSuccess) error = sc->chunks.Launch(launched, added, sms, scatter);
+    if (error == cudaSuccess) error = cudaEventRecord(r.scattered[slot], scatter);
+    launched = added;
+    fill = 0;
+  }
+  absl::Status AddRelayed(uint64_t dst, uint64_t src, uint64_t length) {
+    const auto stage_src = reinterpret_cast<uint64_t>(relay->stage_src);
+    const auto stage_dst = reinterpret_cast<uint64_t>(relay->stage_dst);
+    for (uint64_t done = 0; done < length;) {
+      if (added == max_chunks) {
+        return absl::InvalidArgumentError("batched copy: more chunks than it was begun for");
+      }
+      const uint64_t at = (windows % kRelaySlots) * kRelayWindow + fill;
+      const uint64_t n = std::min({kCopyChunkBytes, length - done, kRelayWindow - fill});
+      relay->chunks.host[added] = {stage_src + at, src + done, n};
+      sc->chunks.host[added++] = {dst + done, stage_dst + at, n};
+      fill += n;
+      done += n;
+      if (fill == kRelayWindow) {
+        Relayed();
+        if (error != cudaSuccess) return CudaError(error, "relayed copy");
+      }
+    }
+    return absl::OkStatus();
   }
   cudaError_t Wait() {
     if (!pending) return error;
@@ -348,6 +525,12 @@ struct CudaCopyBatch::State {
     for (cudaStream_t st : {sc->kernel[0], sc->kernel[1], sc->engine}) {
       const cudaError_t e = cudaStreamSynchronize(st);
       if (error == cudaSuccess) error = e;
+    }
+    if (relay != nullptr) {
+      for (cudaStream_t st : {relay->gather, relay->move}) {
+        const cudaError_t e = cudaStreamSynchronize(st);
+        if (error == cudaSuccess) error = e;
+      }
     }
     return error;
   }
@@ -359,16 +542,26 @@ CudaCopyBatch::~CudaCopyBatch() {
   if (!state_) return;
   state_->Wait();
   ReleaseScratch(state_->sc);
+  if (state_->relay != nullptr) ReleaseRelay(state_->relay);
 }
 
-absl::StatusOr<CudaCopyBatch> CudaCopyBatch::Begin(int device, uint64_t max_chunks) {
+absl::StatusOr<CudaCopyBatch> CudaCopyBatch::Begin(int device, uint64_t max_chunks,
+                                                   int src_device) {
   RETURN_IF_ERROR(CheckCudaDevice(device));
+  const bool relayed = src_device >= 0 && src_device != device;
+  if (relayed) RETURN_IF_ERROR(CheckCudaDevice(src_device));
   FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "cudaSetDevice");
   auto state = std::make_unique<State>();
   state->device = device;
   state->sms = SmCount(device);
-  state->max_chunks = max_chunks;
-  ASSIGN_OR_RETURN(state->sc, TakeScratch(device, max_chunks));
+  // A relay cuts a chunk at each window's end: at most one more chunk per window, and a
+  // window holds at least one chunk.
+  state->max_chunks = relayed ? 2 * max_chunks : max_chunks;
+  ASSIGN_OR_RETURN(state->sc, TakeScratch(device, state->max_chunks));
+  if (relayed) {
+    state->relay = TakeRelay(src_device, device, state->max_chunks);
+    state->src_sms = SmCount(src_device);
+  }
   return CudaCopyBatch(std::move(state));
 }
 
@@ -381,11 +574,13 @@ absl::Status CudaCopyBatch::Add(uint64_t dst, uint64_t src, uint64_t length) {
     s.pending = true;
     return s.error == cudaSuccess ? absl::OkStatus() : CudaError(s.error, "cudaMemcpyAsync");
   }
+  if (s.relay != nullptr) return s.AddRelayed(dst, src, length);
   for (uint64_t done = 0; done < length; done += kCopyChunkBytes) {
     if (s.added == s.max_chunks) {
       return absl::InvalidArgumentError("batched copy: more chunks than it was begun for");
     }
-    s.sc->host[s.added++] = {dst + done, src + done, std::min(kCopyChunkBytes, length - done)};
+    s.sc->chunks.host[s.added++] = {dst + done, src + done,
+                                    std::min(kCopyChunkBytes, length - done)};
   }
   if (s.added >= s.next_launch) s.Launch();
   return absl::OkStatus();
@@ -393,7 +588,11 @@ absl::Status CudaCopyBatch::Add(uint64_t dst, uint64_t src, uint64_t length) {
 
 absl::Status CudaCopyBatch::Finish() {
   State& s = *state_;
-  s.Launch();
+  if (s.relay != nullptr) {
+    s.Relayed();
+  } else {
+    s.Launch();
+  }
   const cudaError_t e = s.Wait();
   return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "batched copy");
 }
@@ -402,13 +601,13 @@ uint64_t CopyChunksBound(uint64_t pieces, uint64_t bytes) {
   return pieces + bytes / kCopyChunkBytes;  // each piece: its whole chunks, plus one part
 }
 
-absl::Status CudaCopyPieces(int device, const std::vector<CopyPiece>& pieces) {
+absl::Status CudaCopyPieces(int device, const std::vector<CopyPiece>& pieces, int src_device) {
   uint64_t chunks = 0;
   for (const CopyPiece& p : pieces) {
     if (p.length < kCopyEngineBytes) chunks += (p.length + kCopyChunkBytes - 1) / kCopyChunkBytes;
   }
   if (pieces.empty()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(CudaCopyBatch batch, CudaCopyBatch::Begin(device, chunks));
+  ASSIGN_OR_RETURN(CudaCopyBatch batch, CudaCopyBatch::Begin(device, chunks, src_device));
   for (const CopyPiece& p : pieces) RETURN_IF_ERROR(batch.Add(p.dst, p.src, p.length));
   return batch.Finish();
 }

@@ -79,10 +79,14 @@ struct CopyPiece {
   uint64_t length = 0;
 };
 // Copies every piece on GPU `device` and waits: pieces of kCopyEngineBytes and more with the
-// copy engines (cudaMemcpyAsync), the others with one kernel, both at once. Pieces must not
-// overlap each other's destinations.
+// copy engines (cudaMemcpyAsync), the others with one kernel, both at once. When every source
+// is on another GPU, `src_device`, the smaller pieces are relayed instead: gathered in windows
+// of 16 MiB on that GPU, moved by the copy engines, scattered on `device` (faster over NVLink
+// than a kernel reading the sources; this costs 2 x 64 MiB of staging, kept for later copies
+// between the two GPUs). Pieces must not overlap each other's destinations.
 inline constexpr uint64_t kCopyEngineBytes = uint64_t{64} << 20;
-absl::Status CudaCopyPieces(int device, const std::vector<CopyPiece>& pieces);
+absl::Status CudaCopyPieces(int device, const std::vector<CopyPiece>& pieces,
+                            int src_device = -1);
 
 // The most kernel chunks `pieces` pieces of `bytes` bytes in all can take.
 uint64_t CopyChunksBound(uint64_t pieces, uint64_t bytes);
@@ -93,8 +97,10 @@ uint64_t CopyChunksBound(uint64_t pieces, uint64_t bytes);
 class CudaCopyBatch {
  public:
   // At most `max_chunks` kernel chunks will be added (a piece under kCopyEngineBytes of n
-  // bytes takes ceil(n / 256 KiB)). kNotFound / kUnimplemented: no such GPU / no CUDA.
-  static absl::StatusOr<CudaCopyBatch> Begin(int device, uint64_t max_chunks);
+  // bytes takes ceil(n / 256 KiB)). `src_device`: as for CudaCopyPieces (-1: sources
+  // anywhere). kNotFound / kUnimplemented: no such GPU / no CUDA.
+  static absl::StatusOr<CudaCopyBatch> Begin(int device, uint64_t max_chunks,
+                                             int src_device = -1);
   CudaCopyBatch(CudaCopyBatch&& other) noexcept;
   CudaCopyBatch& operator=(CudaCopyBatch&&) = delete;
   // Waits for what was handed to the GPU when Finish was not called.

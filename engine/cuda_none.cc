@@ -29,7 +29,7 @@ absl::StatusOr<CudaMapping> CudaIpcCache::Open(const std::string&, int) {
   return NoCuda();
 }
 
-absl::Status CudaCopyPieces(int, const std::vector<CopyPiece>& pieces) {
+absl::Status CudaCopyPieces(int, const std::vector<CopyPiece>& pieces, int) {
   return pieces.empty() ? absl::OkStatus() : NoCuda();
 }
 
@@ -39,7 +39,7 @@ struct CudaCopyBatch::State {};
 CudaCopyBatch::CudaCopyBatch(std::unique_ptr<State> state) : state_(std::move(state)) {}
 CudaCopyBatch::CudaCopyBatch(CudaCopyBatch&& other) noexcept = default;
 CudaCopyBatch::~CudaCopyBatch() = default;
-absl::StatusOr<CudaCopyBatch> CudaCopyBatch::Begin(int, uint64_t) { return NoCuda(); }
+absl::StatusOr<CudaCopyBatch> CudaCopyBatch::Begin(int, uint64_t, int) { return NoCuda(); }
 absl::Status CudaCopyBatch::Add(uint64_t, uint64_t, uint64_t) { return NoCuda(); }
 absl::Status CudaCopyBatch::Finish() { return NoCuda(); }
 

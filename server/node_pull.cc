@@ -215,8 +215,9 @@ absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
       return absl::InvalidArgumentError("cuda_ipc: the object must live on one GPU");
     }
   }
-  // The kernel runs on the destination's GPU, writing locally and reading the source over
-  // NVLink (pulling is faster than pushing there); big pieces go to the copy engines.
+  // Between two GPUs the pieces are relayed (gathered here, moved by the copy engines,
+  // scattered there: CudaCopyPieces); on one GPU a kernel copies them. Big pieces go to the
+  // copy engines.
   const std::string& dst_uuid = target.regions.front().ipc_gpu;
   for (const engine::RegionDescriptor& d : target.regions) {
     if (d.ipc_gpu != dst_uuid) {
@@ -246,8 +247,9 @@ absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
   };
   ASSIGN_OR_RETURN(engine::CudaCopyBatch batch,
                    engine::CudaCopyBatch::Begin(
-                       dst_gpu, engine::CopyChunksBound(target.extents.size() + src.size(),
-                                                        object.size)));
+                       dst_gpu,
+                       engine::CopyChunksBound(target.extents.size() + src.size(), object.size),
+                       gpu.index));
   absl::Status added;
   WalkPairs(target.extents.size(), dst_at, src,
             [&](const Span&, char* dp, const Span&, char* sp, uint64_t n) {

@@ -46,12 +46,13 @@ bool CudaOk(cudaError_t e, const char* what) {
 
 // cudaMemcpyPeer of `size` bytes from GPU `src` to GPU `dst` (or within one GPU), the
 // device-to-pinned-host copy rate of GPU `src`, and for each piece count: ferry's batched
-// copy alone (no node, no HTTP: CudaCopyPieces on GPU `dst`, reading over NVLink, and on GPU
-// `src`, writing over it) and what a program without ferry would do, a cudaMemcpyPeerAsync
-// per piece on one stream: seconds, median.
+// copy alone (no node, no HTTP: CudaCopyPieces as a pull does it, relayed through the copy
+// engines between two GPUs, and with the kernel on GPU `dst` alone, reading over NVLink) and
+// what a program without ferry would do, a cudaMemcpyPeerAsync per piece on one stream:
+// seconds, median.
 struct Baselines {
   double peer = 0, d2h = 0;
-  std::vector<double> pieces, pushed, peer_per_piece;  // per f.pieces
+  std::vector<double> pieces, kernel, peer_per_piece;  // per f.pieces
 };
 std::optional<Baselines> MeasureBaselines(int src, int dst, uint64_t size, int iters,
                                           const std::vector<uint64_t>& piece_counts) {
@@ -83,14 +84,14 @@ std::optional<Baselines> MeasureBaselines(int src, int dst, uint64_t size, int i
                         reinterpret_cast<uint64_t>(a) + i * piece, piece});
     }
     absl::Status copied;
-    auto copy_on = [&](int device) {
+    auto copy_from = [&](int src_device) {
       return TimeIt(iters, [&] {
-        absl::Status s = engine::CudaCopyPieces(device, copies);
+        absl::Status s = engine::CudaCopyPieces(dst, copies, src_device);
         if (copied.ok()) copied = s;
       });
     };
-    out.pieces.push_back(copy_on(dst));
-    out.pushed.push_back(copy_on(src));
+    out.pieces.push_back(copy_from(src));
+    out.kernel.push_back(copy_from(-1));
     cudaSetDevice(src);
     out.peer_per_piece.push_back(TimeIt(iters, [&] {
       for (const engine::CopyPiece& c : copies) {
@@ -188,10 +189,10 @@ int RunGpuBench(const GpuFlags& f) {
          {"piece_bytes", f.size / n}, {"bytes", f.size}, {"gb_per_sec", gb / base->pieces[i]}},
         absl::StrCat("CudaCopyPieces alone, ", n, " x ", f.size / n, " B shuffled, ", src_dev,
                      " -> ", dst_dev, ": ", gb / base->pieces[i], " GB/s"));
-    row({{"bench", "gpu_baseline"}, {"what", "batched_copy_pushed"}, {"pieces", n},
-         {"piece_bytes", f.size / n}, {"bytes", f.size}, {"gb_per_sec", gb / base->pushed[i]}},
-        absl::StrCat("CudaCopyPieces alone on the source GPU, ", n, " x ", f.size / n,
-                     " B shuffled, ", src_dev, " -> ", dst_dev, ": ", gb / base->pushed[i],
+    row({{"bench", "gpu_baseline"}, {"what", "batched_copy_kernel"}, {"pieces", n},
+         {"piece_bytes", f.size / n}, {"bytes", f.size}, {"gb_per_sec", gb / base->kernel[i]}},
+        absl::StrCat("CudaCopyPieces alone, kernel only, ", n, " x ", f.size / n,
+                     " B shuffled, ", src_dev, " -> ", dst_dev, ": ", gb / base->kernel[i],
                      " GB/s"));
     row({{"bench", "gpu_baseline"}, {"what", "memcpy_peer_per_piece"}, {"pieces", n},
          {"piece_bytes", f.size / n}, {"bytes", f.size},

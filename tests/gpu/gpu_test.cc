@@ -5,9 +5,13 @@
 #include <httplib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <numeric>
 #include <random>
+#include <vector>
 
 #include "engine/cuda.h"
 #include "nlohmann/json.hpp"
@@ -162,6 +166,57 @@ TEST_F(GpuTest, WhatCannotWorkIsRefusedWithItsReason) {
   EXPECT_FALSE(node["rails"][0]["hmem_cuda"].get<bool>()) << node;
   EXPECT_FALSE(node["rails"][0]["hmem_cuda_error"].get<std::string>().empty());
   EXPECT_THAT(node["devices"].dump(), ::testing::HasSubstr("cuda:0"));
+}
+
+// Between two GPUs the batched copy relays small pieces through staging on both GPUs, 16 MiB
+// windows in a ring of four: 200 MiB of pieces from 1 B to 2 MiB, with one of 64 MiB that the
+// copy engines take by itself, shuffled on the source, wrap the ring three times. Twice, so
+// that the second copy reuses the first one's relay.
+TEST(GpuCopyTest, PiecesRelayedBetweenTwoGpusLandWhereTheyShould) {
+  if (engine::CudaDeviceCount() < 2) GTEST_SKIP() << "needs two GPUs";
+  constexpr uint64_t kSize = uint64_t{200} << 20;
+  std::mt19937_64 rng(7);
+  std::string bytes(kSize, '\0');
+  for (uint64_t i = 0; i < kSize; i += 8) {
+    const uint64_t r = rng();
+    std::memcpy(bytes.data() + i, &r, 8);
+  }
+  std::vector<uint64_t> lengths;
+  for (uint64_t total = 0; total < kSize;) {
+    const uint64_t len = std::min(kSize - total, lengths.size() == 10 ? uint64_t{64} << 20
+                                                                      : 1 + rng() % (2 << 20));
+    lengths.push_back(len);
+    total += len;
+  }
+  std::vector<uint64_t> order(lengths.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<uint64_t> src_at(lengths.size());
+  for (uint64_t at = 0; uint64_t i : order) {
+    src_at[i] = at;
+    at += lengths[i];
+  }
+  auto src = engine::CudaAlloc(0, kSize);
+  ASSERT_TRUE(src.ok()) << src.status();
+  ASSERT_TRUE(engine::CudaCopy(*src, bytes.data(), kSize).ok());
+  std::string expect;
+  expect.reserve(kSize);
+  for (size_t i = 0; i < lengths.size(); ++i) expect += bytes.substr(src_at[i], lengths[i]);
+  for (int round = 0; round < 2; ++round) {
+    auto dst = engine::CudaAlloc(1, kSize);
+    ASSERT_TRUE(dst.ok()) << dst.status();
+    std::vector<engine::CopyPiece> pieces;
+    for (uint64_t at = 0, i = 0; i < lengths.size(); at += lengths[i++]) {
+      pieces.push_back({reinterpret_cast<uint64_t>(*dst) + at,
+                        reinterpret_cast<uint64_t>(*src) + src_at[i], lengths[i]});
+    }
+    ASSERT_TRUE(engine::CudaCopyPieces(1, pieces, 0).ok());
+    std::string got(kSize, '\0');
+    ASSERT_TRUE(engine::CudaCopy(got.data(), *dst, kSize).ok());
+    EXPECT_TRUE(got == expect) << "round " << round;
+    engine::CudaFree(*dst);
+  }
+  engine::CudaFree(*src);
 }
 
 }  // namespace
