@@ -347,7 +347,7 @@ absl::StatusOr<Scratch*> TakeScratch(int device, uint64_t chunks) {
   }
   if (cudaError_t e = sc->chunks.Reserve(chunks, true); e != cudaSuccess) {
     ReleaseScratch(sc);
-    return CudaError(e, "cudaMallocHost/cudaMalloc");
+    return CudaError(e, "cudaHostAlloc/cudaMalloc");
   }
   return sc;
 }
