@@ -215,9 +215,10 @@ absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
       return absl::InvalidArgumentError("cuda_ipc: the object must live on one GPU");
     }
   }
-  // Between two GPUs the pieces are relayed (gathered here, moved by the copy engines,
-  // scattered there: CudaCopyPieces); on one GPU a kernel copies them. Big pieces go to the
-  // copy engines.
+  // The kernel runs on the destination's GPU, writing locally and reading the source over
+  // NVLink (pulling is faster than pushing there); big pieces go to the copy engines. The
+  // relay through the copy engines (CudaCopyBatch::Begin's src_device) waits until it has
+  // been measured on two GPUs (ferry-bench gpu's batched_copy_relayed row).
   const std::string& dst_uuid = target.regions.front().ipc_gpu;
   for (const engine::RegionDescriptor& d : target.regions) {
     if (d.ipc_gpu != dst_uuid) {
@@ -247,9 +248,8 @@ absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
   };
   ASSIGN_OR_RETURN(engine::CudaCopyBatch batch,
                    engine::CudaCopyBatch::Begin(
-                       dst_gpu,
-                       engine::CopyChunksBound(target.extents.size() + src.size(), object.size),
-                       gpu.index));
+                       dst_gpu, engine::CopyChunksBound(target.extents.size() + src.size(),
+                                                        object.size)));
   absl::Status added;
   WalkPairs(target.extents.size(), dst_at, src,
             [&](const Span&, char* dp, const Span&, char* sp, uint64_t n) {

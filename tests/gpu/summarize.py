@@ -7,8 +7,8 @@ base = {r["what"]: r["gb_per_sec"] for r in rows
         if r.get("bench") == "gpu_baseline" and "pieces" not in r}
 batched = {r["pieces"]: r["gb_per_sec"] for r in rows
            if r.get("bench") == "gpu_baseline" and r.get("what") == "batched_copy"}
-kernel = {r["pieces"]: r["gb_per_sec"] for r in rows
-          if r.get("bench") == "gpu_baseline" and r.get("what") == "batched_copy_kernel"}
+relayed = {r["pieces"]: r["gb_per_sec"] for r in rows
+           if r.get("bench") == "gpu_baseline" and r.get("what") == "batched_copy_relayed"}
 per_piece = {r["pieces"]: r["gb_per_sec"] for r in rows
              if r.get("bench") == "gpu_baseline" and r.get("what") == "memcpy_peer_per_piece"}
 nccl = {r["bytes"]: r["gb_per_sec"] for r in rows if r.get("bench") == "nccl" and "gb_per_sec" in r}
@@ -48,8 +48,8 @@ print()
 print("GB/s end to end: wall clock of POST /v1/pulls on the destination (HTTP, planning and the copy);")
 print("GB/s copy: the pull's own seconds (source side: from its plan to the last byte; staged: the")
 print("destination's wall clock, rings included); copy alone: CudaCopyPieces in one process, no node")
-print("(between two GPUs relayed through the copy engines, as a pull does; the kernel alone, reading")
-print("over NVLink: " + (", ".join(f"{n} pieces {v:.1f} GB/s" for n, v in sorted(kernel.items())) or "not run") + ").")
+print("(the kernel, as a pull does; relayed through the copy engines, not yet used by pulls: " +
+      (", ".join(f"{n} pieces {v:.1f} GB/s" for n, v in sorted(relayed.items())) or "not run") + ").")
 print()
 print(f"Baselines in the same run: cudaMemcpyPeer {peer:.1f} GB/s; device -> pinned host "
       f"{base.get('d2h_pinned', 0):.1f} GB/s; NCCL send/recv " +
