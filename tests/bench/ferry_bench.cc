@@ -209,11 +209,6 @@ struct Row {
   std::vector<uint64_t> bytes_per_rail;
 };
 
-// Seconds of `iters` passes of two runs, taken in turns so that both see the same machine.
-struct Paired {
-  std::vector<double> a, b;
-};
-
 // The quartiles over passes of num[i] / den[i]. The machine is shared: half the paired
 // ratios lie between p25 and p75, and a median whose spread straddles 1 is no finding.
 Spread PairedRatios(const std::vector<double>& num, const std::vector<double>& den) {
@@ -224,17 +219,17 @@ Spread PairedRatios(const std::vector<double>& num, const std::vector<double>& d
   return {r[q], r[r.size() / 2], r[r.size() - 1 - q]};
 }
 
-// An untimed pass of each, then `iters` passes of `a` and `b` in turns.
-absl::StatusOr<Paired> Alternate(int iters, absl::FunctionRef<absl::StatusOr<double>()> a,
-                                 absl::FunctionRef<absl::StatusOr<double>()> b) {
-  RETURN_IF_ERROR(a().status());
-  RETURN_IF_ERROR(b().status());
-  Paired out;
+// An untimed pass of each run, then `iters` passes of all of them in turns, so that every
+// run sees the same machine: the seconds of each run's passes.
+absl::StatusOr<std::vector<std::vector<double>>> Alternate(
+    int iters, const std::vector<absl::FunctionRef<absl::StatusOr<double>()>>& runs) {
+  for (const auto& run : runs) RETURN_IF_ERROR(run().status());
+  std::vector<std::vector<double>> out(runs.size());
   for (int i = 0; i < iters; ++i) {
-    ASSIGN_OR_RETURN(double ta, a());
-    ASSIGN_OR_RETURN(double tb, b());
-    out.a.push_back(ta);
-    out.b.push_back(tb);
+    for (size_t r = 0; r < runs.size(); ++r) {
+      ASSIGN_OR_RETURN(double t, runs[r]());
+      out[r].push_back(t);
+    }
   }
   return out;
 }
@@ -245,8 +240,8 @@ absl::StatusOr<Row> Measure(const EngineFlags& f, RawSession* raw, testing::Subp
                             uint64_t piece, char* src) {
   const auto writes = Layout(layout, piece, f.total);
   ASSIGN_OR_RETURN(auto eng, EngineSession::Start(f, hello, rails, writes, src));
-  ASSIGN_OR_RETURN(Paired times, Alternate(f.iters, [&] { return raw->Run(writes); },
-                                           [&] { return eng->Run(peer); }));
+  ASSIGN_OR_RETURN(auto times, Alternate(f.iters, {[&] { return raw->Run(writes); },
+                                                    [&] { return eng->Run(peer); }}));
   if (f.verify) {
     ASSIGN_OR_RETURN(auto reply, peer.Call({{"cmd", "verify"},
                                             {"seed", kSeed},
@@ -257,25 +252,44 @@ absl::StatusOr<Row> Measure(const EngineFlags& f, RawSession* raw, testing::Subp
     }
   }
   return Row{layout,          piece,           rails,
-             writes.size(),   eng->writes(),   Median(times.b),
-             Median(times.a), PairedRatios(times.a, times.b), eng->bytes_per_rail()};
+             writes.size(),   eng->writes(),   Median(times[1]),
+             Median(times[0]), PairedRatios(times[0], times[1]), eng->bytes_per_rail()};
 }
 
 // The second target, on the same moments as for the raw ratio: 64 KiB scattered and 4 MiB
 // contiguous, engine against engine, passes interleaved; the quartiles of the paired time
-// ratios (4 MiB contiguous time / 64 KiB scattered time).
-absl::StatusOr<Spread> ScatteredAgainstContiguous(const EngineFlags& f, testing::Subprocess& peer,
-                                                  const nlohmann::json& hello, size_t rails,
-                                                  char* src) {
+// ratios (4 MiB contiguous time / 64 KiB scattered time). Interleaved with them, the same
+// ratio for the raw loop sending contiguous WRITEs of the two sizes the engine's WRITEs
+// have (64 KiB pieces gathered, 4 MiB pieces cut): what the provider gives for that change
+// of WRITE size alone.
+struct Share {
+  Spread engine, raw;
+  uint64_t scattered_write = 0, contiguous_write = 0;  // bytes per engine WRITE
+};
+absl::StatusOr<Share> ScatteredAgainstContiguous(const EngineFlags& f, RawSession* raw,
+                                                 testing::Subprocess& peer,
+                                                 const nlohmann::json& hello, size_t rails,
+                                                 char* src) {
   ASSIGN_OR_RETURN(auto scattered, EngineSession::Start(f, hello, rails,
                                                         Layout("scattered", 64 << 10, f.total),
                                                         src));
   ASSIGN_OR_RETURN(auto contiguous, EngineSession::Start(f, hello, rails,
                                                          Layout("contiguous", 4 << 20, f.total),
                                                          src));
-  ASSIGN_OR_RETURN(Paired times, Alternate(f.iters, [&] { return scattered->Run(peer); },
-                                           [&] { return contiguous->Run(peer); }));
-  return PairedRatios(times.b, times.a);
+  RETURN_IF_ERROR(scattered->Run(peer).status());
+  RETURN_IF_ERROR(contiguous->Run(peer).status());
+  Share out;
+  out.scattered_write = f.total / scattered->writes();
+  out.contiguous_write = f.total / contiguous->writes();
+  const auto raw_small = Layout("contiguous", out.scattered_write, f.total);
+  const auto raw_large = Layout("contiguous", out.contiguous_write, f.total);
+  ASSIGN_OR_RETURN(auto times, Alternate(f.iters, {[&] { return scattered->Run(peer); },
+                                                   [&] { return contiguous->Run(peer); },
+                                                   [&] { return raw->Run(raw_small); },
+                                                   [&] { return raw->Run(raw_large); }}));
+  out.engine = PairedRatios(times[1], times[0]);
+  out.raw = PairedRatios(times[3], times[2]);
+  return out;
 }
 
 int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
@@ -286,7 +300,7 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
   const uint64_t dst_size = 2 * f.total;  // scattered slots are two pieces apart
 
   std::vector<Row> rows;
-  std::vector<std::pair<uint64_t, Spread>> shares;  // rails, 64 KiB scattered / 4 MiB contiguous
+  std::vector<std::pair<uint64_t, Share>> shares;  // rails, 64 KiB scattered / 4 MiB contiguous
   // One raw target for the whole run: its buffer is touched once, like the engine peer's.
   auto raw = RawSession::Start(f, self, dst_size, src);
   if (!raw.ok()) {
@@ -364,7 +378,7 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
       });
     };
     if (has("scattered", 64 << 10) && has("contiguous", 4 << 20)) {
-      auto share = ScatteredAgainstContiguous(f, **peer, *hello, rails, src);
+      auto share = ScatteredAgainstContiguous(f, raw->get(), **peer, *hello, rails, src);
       if (!share.ok()) {
         std::cerr << "64 KiB scattered against 4 MiB contiguous x" << rails << ": "
                   << share.status() << "\n";
@@ -376,9 +390,13 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
                                     {"rails", rails},
                                     {"compare", "64 KiB scattered / 4 MiB contiguous"},
                                     {"iters", f.iters},
-                                    {"ratio", share->median},
-                                    {"ratio_p25", share->p25},
-                                    {"ratio_p75", share->p75}}
+                                    {"ratio", share->engine.median},
+                                    {"ratio_p25", share->engine.p25},
+                                    {"ratio_p75", share->engine.p75},
+                                    {"write_bytes", {share->scattered_write, share->contiguous_write}},
+                                    {"raw_ratio", share->raw.median},
+                                    {"raw_ratio_p25", share->raw.p25},
+                                    {"raw_ratio_p75", share->raw.p75}}
                          .dump()
                   << std::endl;
       } else {
@@ -390,9 +408,13 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
   }
   for (const auto& [rails, share] : shares) {
     std::printf("# rails %lu: 64 KiB scattered = %.1f%% of 4 MiB contiguous (median of %d paired "
-                "passes; p25-p75 %.1f-%.1f%%)\n",
-                static_cast<unsigned long>(rails), 100.0 * share.median, f.iters,
-                100.0 * share.p25, 100.0 * share.p75);
+                "passes; p25-p75 %.1f-%.1f%%); raw loop, %lu KiB WRITEs = %.1f%% of %lu KiB "
+                "WRITEs (p25-p75 %.1f-%.1f%%)\n",
+                static_cast<unsigned long>(rails), 100.0 * share.engine.median, f.iters,
+                100.0 * share.engine.p25, 100.0 * share.engine.p75,
+                static_cast<unsigned long>(share.scattered_write >> 10), 100.0 * share.raw.median,
+                static_cast<unsigned long>(share.contiguous_write >> 10), 100.0 * share.raw.p25,
+                100.0 * share.raw.p75);
   }
   std::free(src);
   return 0;
