@@ -118,7 +118,7 @@ absl::Status ProgressGroup::OpenRails(std::vector<InfoPtr> infos) {
   control_slot_ = ControlFrameCapacity(options_.max_control);
   for (InfoPtr& info : infos) {
     auto rs = std::make_unique<RailState>();
-    ASSIGN_OR_RETURN(rs->rail, Rail::Open(*info, options_.tx_depth));
+    ASSIGN_OR_RETURN(rs->rail, Rail::Open(*info, options_.tx_depth, options_.wait_fds));
     rs->depth = rs->rail->rail_info().tx_depth;
     const size_t nrecv = std::max<size_t>(options_.recv_pool, 1);
     rs->arena.resize((nrecv + kSendSlots) * control_slot_);

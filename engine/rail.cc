@@ -40,7 +40,8 @@ uint64_t NextMrKey() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
-absl::StatusOr<std::unique_ptr<Rail>> Rail::Open(const fi_info& info, size_t tx_depth) {
+absl::StatusOr<std::unique_ptr<Rail>> Rail::Open(const fi_info& info, size_t tx_depth,
+                                                 bool wait_fd) {
   std::unique_ptr<Rail> rail(new Rail());
   rail->info_.reset(fi_dupinfo(&info));
   if (!rail->info_) return absl::ResourceExhaustedError("fi_dupinfo failed");
@@ -68,10 +69,10 @@ absl::StatusOr<std::unique_ptr<Rail>> Rail::Open(const fi_info& info, size_t tx_
   fi_cq_attr cq_attr = {};
   cq_attr.format = FI_CQ_FORMAT_DATA;
   cq_attr.size = std::max<size_t>(fi->tx_attr->size + fi->rx_attr->size, 1024);
-  cq_attr.wait_obj = FI_WAIT_FD;
+  cq_attr.wait_obj = wait_fd ? FI_WAIT_FD : FI_WAIT_NONE;
   fid_cq* cq = nullptr;
   int rc = fi_cq_open(domain, &cq_attr, &cq, nullptr);
-  if (rc == -FI_ENOSYS || rc == -FI_EINVAL || rc == -FI_EOPNOTSUPP) {
+  if (wait_fd && (rc == -FI_ENOSYS || rc == -FI_EINVAL || rc == -FI_EOPNOTSUPP)) {
     // No fd to block on (shm here): the progress thread falls back to timed polls.
     cq_attr.wait_obj = FI_WAIT_NONE;
     rc = fi_cq_open(domain, &cq_attr, &cq, nullptr);

@@ -35,7 +35,8 @@ class Rail {
  public:
   // Opens every object in dependency order; what was opened closes itself on failure.
   // `tx_depth` 0 means the provider's tx size.
-  static absl::StatusOr<std::unique_ptr<Rail>> Open(const fi_info& info, size_t tx_depth);
+  static absl::StatusOr<std::unique_ptr<Rail>> Open(const fi_info& info, size_t tx_depth,
+                                                    bool wait_fd);
   // The endpoint closes first, then CQ, AV, domain and fabric (fi_endpoint(3), fi_domain(3)).
   ~Rail() = default;
   Rail(const Rail&) = delete;

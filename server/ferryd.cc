@@ -66,6 +66,10 @@ int main(int argc, char** argv) {
                  "during a pull into this node, poll the rails without pausing (false: block "
                  "when no data waits; less CPU, less throughput on fast links)")
       ->capture_default_str();
+  app.add_option("--wait-fds", options.engine.wait_fds,
+                 "rails' CQs with wait fds: idle progress threads block in the kernel (false: "
+                 "they poll every millisecond; less work per WRITE on tcp)")
+      ->capture_default_str();
   app.add_option("--token-file", token_file, "file with the bearer token clients must send");
   app.add_flag("--insecure", insecure, "allow a non-loopback --listen without a token");
   app.add_option("--max-body-mb", max_body_mb, "largest request body, MiB")->capture_default_str();

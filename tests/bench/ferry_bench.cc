@@ -52,6 +52,7 @@ struct EngineFlags {
   uint64_t inflight = 0;
   uint64_t max_write = 0;
   size_t max_iov = 0;
+  bool wait_fds = true;
   bool json = false;
   bool verify = false;
 };
@@ -155,6 +156,7 @@ class EngineSession {
     o.tx_depth = f.depth;
     if (f.inflight != 0) o.max_inflight_bytes = f.inflight;
     if (f.max_iov != 0) o.max_iov = f.max_iov;
+    o.wait_fds = f.wait_fds;
     ASSIGN_OR_RETURN(s->engine_, engine::Engine::Create(o));
     ASSIGN_OR_RETURN(s->region_, s->engine_->RegisterMemory(src, f.total, engine::Device::Host()));
     ASSIGN_OR_RETURN(engine::PeerAddress address, testing::AddressFromJson(hello["address"]));
@@ -310,8 +312,10 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
   if (!f.json) {
     std::printf("# ferry-bench engine: provider %s, domain %s, %d iterations (median), "
                 "raw baseline = one endpoint, fi_write loop, window %zu, run alternately with the "
-                "engine; ratio = median of paired raw/engine times, p25-p75 their quartiles\n",
-                f.provider.c_str(), f.domain.c_str(), f.iters, f.window);
+                "engine; ratio = median of paired raw/engine times, p25-p75 their quartiles; "
+                "engine CQs %s wait fds\n",
+                f.provider.c_str(), f.domain.c_str(), f.iters, f.window,
+                f.wait_fds ? "with" : "without");
     std::printf("%-10s %5s %9s %5s %11s %9s %9s %10s %10s %9s %6s %9s %7s\n", "layout",
                 "rails", "bytes", "iters", "total", "time", "MB/sec", "usec/xfer", "Mxfers/sec",
                 "raw MB/s", "ratio", "p25-p75", "WRITEs");
@@ -321,7 +325,8 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
     auto hello = SpawnHello(peer.get(), {self, "engine-peer", "--provider", f.provider, "--domain",
                                     f.domain, "--rails", std::to_string(rails), "--size",
                                     std::to_string(dst_size), "--progress-threads",
-                                    std::to_string(f.threads)});
+                                    std::to_string(f.threads), "--wait-fds",
+                                    f.wait_fds ? "1" : "0"});
     if (!hello.ok()) {
       std::cerr << hello.status() << "\n";
       return 1;
@@ -352,6 +357,7 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
                                       {"usec_per_xfer", row.seconds * 1e6 / xfers},
                                       {"raw_mb_per_sec", raw_mbps},
                                       {"engine_writes", row.engine_writes},
+                                      {"wait_fds", f.wait_fds},
                                       {"ratio", row.ratio.median},
                                       {"ratio_p25", row.ratio.p25},
                                       {"ratio_p75", row.ratio.p75},
@@ -389,6 +395,7 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
                                     {"provider", f.provider},
                                     {"rails", rails},
                                     {"compare", "64 KiB scattered / 4 MiB contiguous"},
+                                    {"wait_fds", f.wait_fds},
                                     {"iters", f.iters},
                                     {"ratio", share->engine.median},
                                     {"ratio_p25", share->engine.p25},
@@ -448,6 +455,9 @@ int main(int argc, char** argv) {
   eng->add_option("--max-write", ef.max_write, "engine: longest WRITE (0: the engine's default)");
   eng->add_option("--max-iov", ef.max_iov,
                   "engine: pieces one WRITE may gather (0: the engine's default)");
+  eng->add_option("--wait-fds", ef.wait_fds,
+                  "engine: CQs with wait fds, idle progress threads block (false: they poll)")
+      ->capture_default_str();
   eng->add_flag("--json", ef.json, "one JSON object per row");
   eng->add_flag("--verify", ef.verify, "check every byte after each configuration");
   std::string raw_provider = "tcp", raw_domain = "lo";

@@ -37,6 +37,7 @@ constexpr uint8_t kCanary = 0xa5;
 struct Params {
   std::string provider;
   size_t rails;
+  bool wait_fds = true;
 };
 
 size_t ShmFilesStartingWith(const std::string& prefix) {
@@ -47,7 +48,9 @@ size_t ShmFilesStartingWith(const std::string& prefix) {
   return n;
 }
 
-void PrintTo(const Params& p, std::ostream* os) { *os << p.provider << " x" << p.rails; }
+void PrintTo(const Params& p, std::ostream* os) {
+  *os << p.provider << " x" << p.rails << (p.wait_fds ? "" : " without wait fds");
+}
 
 std::string Domain(const std::string& provider) { return provider == "tcp" ? "lo" : "shm"; }
 
@@ -57,6 +60,7 @@ EngineOptions Options(const Params& p) {
   o.domains = {Domain(p.provider)};
   o.rails = p.rails;
   o.progress_threads = p.rails > 1 ? 2 : 1;
+  o.wait_fds = p.wait_fds;
   return o;
 }
 
@@ -98,7 +102,8 @@ class EngineTest : public ::testing::TestWithParam<Params> {
                                                    p.provider, "--domain", Domain(p.provider),
                                                    "--rails",
                                                    std::to_string(rails ? rails : p.rails),
-                                                   "--size", std::to_string(size)}));
+                                                   "--size", std::to_string(size), "--wait-fds",
+                                                   p.wait_fds ? "1" : "0"}));
     ASSERT_OK_AND_ASSIGN(std::string hello, peer_->ReadLine(absl::Seconds(30)));
     auto j = nlohmann::json::parse(hello);
     ASSERT_FALSE(j.contains("error")) << hello;
@@ -440,11 +445,12 @@ TEST_P(EngineTest, AddingTheSameAddressTwiceGivesTheSamePeer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, EngineTest,
-                         ::testing::Values(Params{"tcp", 1}, Params{"tcp", 4}, Params{"shm", 1},
+                         ::testing::Values(Params{"tcp", 1}, Params{"tcp", 4},
+                                           Params{"tcp", 4, false}, Params{"shm", 1},
                                            Params{"shm", 4}),
                          [](const auto& info) {
                            return info.param.provider + "_" + std::to_string(info.param.rails) +
-                                  "rails";
+                                  "rails" + (info.param.wait_fds ? "" : "_without_wait_fds");
                          });
 
 TEST(EngineCreateTest, RejectsBadOptions) {
@@ -486,25 +492,33 @@ double CpuWhileSleeping(absl::Duration wall) {
 
 TEST(EngineIdleTest, IdleEngineUsesNoCpuAndAnAwakeOneSpinsOnlyWhenAsked) {
   if (!ProviderAvailable("tcp")) GTEST_SKIP() << "no tcp provider";
-  for (const bool spin : {true, false}) {
+  struct Case {
+    bool spin, wait_fds;
+  };
+  for (const Case c : {Case{true, true}, Case{false, true}, Case{false, false}}) {
     EngineOptions o;
     o.domains = {"lo"};
     o.rails = 2;
-    o.spin_while_awake = spin;
+    o.spin_while_awake = c.spin;
+    o.wait_fds = c.wait_fds;
+    const std::string what =
+        absl::StrCat("spin_while_awake ", c.spin, ", wait_fds ", c.wait_fds);
+    // Without wait fds an idle engine polls every millisecond: little CPU, not none.
+    const double idle_cpu = c.wait_fds ? 0.05 : 0.1;
     ASSERT_OK_AND_ASSIGN(auto engine, Engine::Create(o));
     absl::SleepFor(absl::Milliseconds(300));  // past the short spin after start-up
-    EXPECT_LT(CpuWhileSleeping(absl::Seconds(1)), 0.05) << "idle, spin_while_awake " << spin;
+    EXPECT_LT(CpuWhileSleeping(absl::Seconds(1)), idle_cpu) << "idle, " << what;
     {
       AwakeToken awake = engine->KeepAwake();
       const double cpu = CpuWhileSleeping(absl::Seconds(1));
-      if (spin) {
-        EXPECT_GT(cpu, 0.3) << "an awake engine polls without pausing";
+      if (c.spin || !c.wait_fds) {
+        EXPECT_GT(cpu, 0.3) << "an awake engine polls without pausing, " << what;
       } else {
-        EXPECT_LT(cpu, 0.3) << "an awake engine with no data waiting blocks";
+        EXPECT_LT(cpu, 0.3) << "an awake engine with no data waiting blocks, " << what;
       }
     }
     absl::SleepFor(absl::Milliseconds(300));
-    EXPECT_LT(CpuWhileSleeping(absl::Seconds(1)), 0.05) << "idle again, spin " << spin;
+    EXPECT_LT(CpuWhileSleeping(absl::Seconds(1)), idle_cpu) << "idle again, " << what;
   }
 }
 

@@ -68,6 +68,7 @@ int RunEnginePeer(int argc, char** argv) {
     else if (flag == "--size") size = std::stoull(value);
     else if (flag == "--canary") canary = static_cast<uint8_t>(std::stoul(value));
     else if (flag == "--progress-threads") options.progress_threads = std::stoul(value);
+    else if (flag == "--wait-fds") options.wait_fds = value == "1";
   }
   auto state = std::make_shared<PeerState>();
   options.on_control = [state](std::string_view, std::string_view payload) {
