@@ -66,6 +66,9 @@ int main(int argc, char** argv) {
                  "during a pull into this node, poll the rails without pausing (false: block "
                  "when no data waits; less CPU, less throughput on fast links)")
       ->capture_default_str();
+  app.add_option("--max-write", options.engine.max_write, "longest WRITE, bytes")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 30));
   app.add_option("--wait-fds", options.engine.wait_fds,
                  "rails' CQs with wait fds: idle progress threads block in the kernel (false: "
                  "they poll every millisecond; less work per WRITE on tcp)")
