@@ -400,7 +400,8 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
                                     {"ratio", share->engine.median},
                                     {"ratio_p25", share->engine.p25},
                                     {"ratio_p75", share->engine.p75},
-                                    {"write_bytes", {share->scattered_write, share->contiguous_write}},
+                                    {"write_bytes",
+                                     {share->scattered_write, share->contiguous_write}},
                                     {"raw_ratio", share->raw.median},
                                     {"raw_ratio_p25", share->raw.p25},
                                     {"raw_ratio_p75", share->raw.p75}}
