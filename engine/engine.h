@@ -63,10 +63,10 @@ struct EngineOptions {
   // the provider has something for it. false: CQs without wait objects, and an idle thread
   // wakes every millisecond to poll (as on providers without wait fds: shm here). On
   // tcp;ofi_rxm a waitable CQ costs work on every operation at both ends (rxm then opens its
-  // tcp CQs with a wait fd: an epoll_ctl whenever an endpoint's send queue fills or empties,
-  // an fd signal per completion): 256 KiB WRITEs at 1 rail ran 1.1-1.5x the raw loop without,
-  // 0.7-0.9x with (README, `ferry-bench engine --wait-fds`). For a node whose progress
-  // threads have cores of their own. Default: true.
+  // tcp CQs with an epoll wait set, nested in its own, where tcp otherwise keeps a poll list in
+  // user space; which part costs was not isolated): 256 KiB WRITEs at 1 rail ran 1.1-1.5x the
+  // raw loop without, 0.7-0.9x with (README, `ferry-bench engine --wait-fds`). For a node
+  // whose progress threads have cores of their own. Default: true.
   bool wait_fds = true;
   // WRITEs in flight per rail; capped by the provider's tx size. Default: 0 (the tx size).
   size_t tx_depth = 0;
