@@ -1,6 +1,7 @@
 #include "metadata/catalog.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -53,6 +54,13 @@ std::string LatestKey(const std::string& name) { return "L" + name; }
 std::string VersionPrefix(const std::string& name) { return "V" + name + std::string(1, '\0'); }
 std::string VersionKey(const std::string& name, uint64_t v) {
   return VersionPrefix(name) + EncodeU64(v);
+}
+
+// The regions a layout has extents in, each once: a version counts once per region it uses.
+std::set<uint64_t> RegionsOf(const std::vector<ObjectExtent>& extents) {
+  std::set<uint64_t> out;
+  for (const ObjectExtent& e : extents) out.insert(e.region);
+  return out;
 }
 
 std::string EncodeRecord(const ObjectRecord& r) {
@@ -176,7 +184,7 @@ absl::Status Catalog::LoadRegionUsers() {
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}, objects_));
   for (it->Seek("V"); it->Valid() && it->key().starts_with("V"); it->Next()) {
     ASSIGN_OR_RETURN(ObjectRecord r, DecodeRecord(it->value().ToString()));
-    for (const ObjectExtent& e : r.extents) ++region_users_[e.region];
+    for (uint64_t region : RegionsOf(r.extents)) ++region_users_[region];
   }
   return FromRocksDb(it->status(), "scan objects");
 }
@@ -221,7 +229,7 @@ absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync;
   RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), "publish"));
-  for (const ObjectExtent& e : extents) ++region_users_[e.region];
+  for (uint64_t region : RegionsOf(extents)) ++region_users_[region];
   Cache(VersionKey(name, r.version), r);  // a pull often follows at once
   return r;
 }
@@ -316,8 +324,8 @@ absl::Status Catalog::Delete(const std::string& name) {
     }
   }
   for (const ObjectRecord& r : removed) {
-    for (const ObjectExtent& e : r.extents) {
-      if (--region_users_[e.region] == 0) region_users_.erase(e.region);
+    for (uint64_t region : RegionsOf(r.extents)) {
+      if (--region_users_[region] == 0) region_users_.erase(region);
     }
   }
   return absl::OkStatus();

@@ -95,6 +95,20 @@ TEST_F(CatalogTest, DeleteRemovesEveryVersionAndReleasesRegions) {
   EXPECT_EQ(again.version, 1u);
 }
 
+TEST_F(CatalogTest, RegionUsersCountsVersionsNotExtents) {
+  ASSERT_OK(catalog_->Publish("a", {{1, 0, 10}, {1, 20, 10}, {2, 0, 5}, {1, 40, 1}}, false).status());
+  EXPECT_EQ(catalog_->RegionUsers(1), 1u);
+  EXPECT_EQ(catalog_->RegionUsers(2), 1u);
+  ASSERT_OK(catalog_->Publish("a", {{1, 0, 10}, {1, 50, 10}}, true).status());
+  EXPECT_EQ(catalog_->RegionUsers(1), 2u);
+  EXPECT_EQ(catalog_->RegionUsers(2), 1u);
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  EXPECT_EQ(catalog_->RegionUsers(1), 2u);
+  ASSERT_OK(catalog_->Delete("a"));
+  EXPECT_EQ(catalog_->RegionUsers(1), 0u);
+  EXPECT_EQ(catalog_->RegionUsers(2), 0u);
+}
+
 TEST_F(CatalogTest, RegionIdsAreNeverReusedAcrossRestarts) {
   ASSERT_OK_AND_ASSIGN(uint64_t a, catalog_->NextRegionId());
   ASSERT_OK_AND_ASSIGN(uint64_t b, catalog_->NextRegionId());
