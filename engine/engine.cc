@@ -370,9 +370,14 @@ absl::StatusOr<RegionId> Engine::RegisterMemory(void* addr, size_t length, Devic
   return id;
 }
 
-absl::Status Engine::DeregisterMemory(RegionId id) {
+absl::Status Engine::DeregisterMemory(RegionId id, absl::Time deadline) {
   {
     absl::MutexLock lock(&mu_);
+    auto unpinned = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = regions_.find(id);
+      return it == regions_.end() || it->second->pins == 0;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&unpinned), deadline);
     auto it = regions_.find(id);
     if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", id));
     if (it->second->pins > 0) {

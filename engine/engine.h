@@ -247,8 +247,10 @@ class Engine {
   // DeregisterMemory. kInvalidArgument: null, empty or wrapping range. kUnimplemented: device memory the build or provider cannot register.
   // kResourceExhausted: the provider refused an MR.
   absl::StatusOr<RegionId> RegisterMemory(void* addr, size_t length, Device device);
-  // kNotFound: unknown id. kFailedPrecondition: a running transfer uses the region.
-  absl::Status DeregisterMemory(RegionId id);
+  // kNotFound: unknown id. kFailedPrecondition: a running transfer still uses the region at
+  // `deadline` (the default: at once). A transfer's Wait may return a moment before its
+  // progress thread lets go of the region.
+  absl::Status DeregisterMemory(RegionId id, absl::Time deadline = absl::InfinitePast());
   // kNotFound: unknown id.
   absl::StatusOr<RegionDescriptor> Describe(RegionId id) const;
 

@@ -295,7 +295,7 @@ absl::StatusOr<std::vector<ObjectRecord>> Catalog::List(const std::string& prefi
   return out;
 }
 
-absl::Status Catalog::Delete(const std::string& name) {
+absl::Status Catalog::Delete(const std::string& name, std::set<uint64_t>* released) {
   RETURN_IF_ERROR(ValidateObjectName(name));
   absl::MutexLock lock(&mu_);
   std::string latest;
@@ -325,7 +325,9 @@ absl::Status Catalog::Delete(const std::string& name) {
   }
   for (const ObjectRecord& r : removed) {
     for (uint64_t region : RegionsOf(r.extents)) {
-      if (--region_users_[region] == 0) region_users_.erase(region);
+      if (--region_users_[region] > 0) continue;
+      region_users_.erase(region);
+      if (released != nullptr) released->insert(region);
     }
   }
   return absl::OkStatus();

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -75,8 +76,9 @@ class Catalog {
   // Latest versions of names starting with `prefix`, after `after` (exclusive), in name order.
   absl::StatusOr<std::vector<ObjectRecord>> List(const std::string& prefix,
                                                  const std::string& after, size_t limit) const;
-  // Removes every version of `name`. kNotFound: no such name.
-  absl::Status Delete(const std::string& name);
+  // Removes every version of `name`. kNotFound: no such name. `released` (if given) gets the
+  // regions that no object version uses any more.
+  absl::Status Delete(const std::string& name, std::set<uint64_t>* released = nullptr);
   // Number of object versions (latest or not) that have an extent in `region`.
   size_t RegionUsers(uint64_t region) const;
 

@@ -111,7 +111,11 @@ std::optional<int> HttpStatusOverride(const absl::Status& s) {
 }
 
 nlohmann::json ToJson(const RegionInfo& r) {
-  return {{"id", r.id}, {"device", r.device.ToString()}, {"size", r.size}, {"owned", r.owned}};
+  return {{"id", r.id},
+          {"device", r.device.ToString()},
+          {"size", r.size},
+          {"owned", r.owned},
+          {"for_object", r.for_object}};
 }
 
 nlohmann::json ToJson(const ObjectView& o, bool with_extents) {
@@ -206,27 +210,30 @@ nlohmann::json Node::Info() const {
           {"rails", rails},       {"devices", devices},       {"cuda_built", engine::CudaBuilt()}};
 }
 
-absl::StatusOr<RegionInfo> Node::AllocateRegion(engine::Device device, uint64_t size) {
+absl::StatusOr<RegionInfo> Node::AllocateRegion(engine::Device device, uint64_t size,
+                                                bool for_object) {
   if (size == 0 || size > kMaxRegionSize) {
     return absl::InvalidArgumentError(absl::StrCat("region size must be 1 to ", kMaxRegionSize));
   }
   if (device.kind == engine::Device::Kind::kCuda) {
     ASSIGN_OR_RETURN(void* mem, engine::CudaAlloc(device.index, size));
-    return AddRegion(static_cast<char*>(mem), size, device, {static_cast<char*>(mem), &FreeCuda});
+    return AddRegion(static_cast<char*>(mem), size, device, {static_cast<char*>(mem), &FreeCuda},
+                     for_object);
   }
   char* mem = static_cast<char*>(engine::AllocateHostMemory(size));
   if (mem == nullptr) return absl::ResourceExhaustedError("out of memory for the region");
   memset(mem, 0, size);  // no stale bytes, and the pages are there before the first WRITE
-  return AddRegion(mem, size, device, {mem, &FreeOwned});
+  return AddRegion(mem, size, device, {mem, &FreeOwned}, for_object);
 }
 
 absl::StatusOr<RegionInfo> Node::RegisterRegion(void* addr, uint64_t size,
                                                 engine::Device device) {
-  return AddRegion(static_cast<char*>(addr), size, device, {nullptr, &FreeOwned});
+  return AddRegion(static_cast<char*>(addr), size, device, {nullptr, &FreeOwned}, false);
 }
 
 absl::StatusOr<RegionInfo> Node::AddRegion(char* addr, uint64_t size, engine::Device device,
-                                           std::unique_ptr<char, void (*)(char*)> owned) {
+                                           std::unique_ptr<char, void (*)(char*)> owned,
+                                           bool for_object) {
   engine::CudaIpcExport ipc;
   if (device.kind == engine::Device::Kind::kCuda) {
     RETURN_IF_ERROR(engine::CheckCudaDevice(device.index));
@@ -248,7 +255,7 @@ absl::StatusOr<RegionInfo> Node::AddRegion(char* addr, uint64_t size, engine::De
     return id.status();
   }
   Region r;
-  r.info = {*id, device, size, owned != nullptr};
+  r.info = {*id, device, size, owned != nullptr, for_object};
   r.addr = addr;
   r.engine_id = eid;
   r.ipc = std::move(ipc);
@@ -267,7 +274,7 @@ absl::Status Node::DeleteRegion(uint64_t id) {
     return Conflict(absl::StrCat("region ", id, " is used by ", users, " object version(s)"));
   }
   if (it->second.engine_id != 0) {
-    absl::Status s = engine_->DeregisterMemory(it->second.engine_id);
+    absl::Status s = engine_->DeregisterMemory(it->second.engine_id, absl::Now() + kUnpinGrace);
     if (s.code() == absl::StatusCode::kFailedPrecondition) return Conflict(s.message());
     RETURN_IF_ERROR(s);
   }
@@ -275,8 +282,9 @@ absl::Status Node::DeleteRegion(uint64_t id) {
   return absl::OkStatus();
 }
 
-std::vector<RegionInfo> Node::Regions() const {
-  absl::ReaderMutexLock lock(&mu_);
+std::vector<RegionInfo> Node::Regions() {
+  absl::MutexLock lock(&mu_);
+  FreeUnusedLocked();
   std::vector<RegionInfo> out;
   for (const auto& [id, r] : regions_) out.push_back(r.info);
   return out;
@@ -338,7 +346,36 @@ absl::StatusOr<std::vector<ObjectView>> Node::List(const std::string& prefix,
   return out;
 }
 
-absl::Status Node::Delete(const std::string& name) { return catalog_->Delete(name); }
+absl::Status Node::Delete(const std::string& name) {
+  std::set<uint64_t> released;
+  RETURN_IF_ERROR(catalog_->Delete(name, &released));
+  absl::MutexLock lock(&mu_);
+  for (uint64_t id : released) {
+    auto it = regions_.find(id);
+    if (it != regions_.end() && it->second.info.for_object) unused_.insert(id);
+  }
+  FreeUnusedLocked();
+  return absl::OkStatus();
+}
+
+void Node::FreeUnusedLocked(absl::Duration grace) {
+  const absl::Time deadline = absl::Now() + grace;
+  for (auto id = unused_.begin(); id != unused_.end();) {
+    auto it = regions_.find(*id);
+    // Gone already (DELETE /v1/regions), or published again since: not this list's to free.
+    if (it == regions_.end() || catalog_->RegionUsers(*id) > 0) {
+      id = unused_.erase(id);
+      continue;
+    }
+    if (it->second.engine_id != 0 &&
+        !engine_->DeregisterMemory(it->second.engine_id, deadline).ok()) {
+      ++id;
+      continue;
+    }
+    regions_.erase(it);
+    id = unused_.erase(id);
+  }
+}
 
 absl::StatusOr<ObjectView> Node::PutData(const std::string& name, std::string_view bytes,
                                          bool replace, engine::Device device) {
@@ -347,7 +384,7 @@ absl::StatusOr<ObjectView> Node::PutData(const std::string& name, std::string_vi
   if (!replace && catalog_->Get(name).ok()) {
     return absl::AlreadyExistsError(absl::StrCat("object '", name, "' exists"));
   }
-  ASSIGN_OR_RETURN(RegionInfo region, AllocateRegion(device, bytes.size()));
+  ASSIGN_OR_RETURN(RegionInfo region, AllocateRegion(device, bytes.size(), true));
   absl::Status copied;
   {
     absl::ReaderMutexLock lock(&mu_);

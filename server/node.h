@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,9 @@ struct RegionInfo {
   engine::Device device;
   uint64_t size = 0;
   bool owned = false;  // allocated by the node (ferryd), not the caller's memory
+  // Allocated for an object's bytes (an upload, a pull into a new buffer): freed with the last
+  // object version that uses it.
+  bool for_object = false;
 };
 
 struct ObjectView {
@@ -113,12 +117,14 @@ class Node {
 
   // A buffer the node allocates and registers. kInvalidArgument: size 0 or over the limit of
   // 1 TiB. kUnimplemented: a device this build cannot allocate.
-  absl::StatusOr<RegionInfo> AllocateRegion(engine::Device device, uint64_t size);
+  absl::StatusOr<RegionInfo> AllocateRegion(engine::Device device, uint64_t size,
+                                            bool for_object = false);
   // The caller's memory, registered until DeleteRegion; the caller keeps it valid till then.
   absl::StatusOr<RegionInfo> RegisterRegion(void* addr, uint64_t size, engine::Device device);
   // kNotFound: unknown region. kFailedPrecondition (409): an object uses it.
   absl::Status DeleteRegion(uint64_t id);
-  std::vector<RegionInfo> Regions() const;
+  // Frees first what `unused_` holds (see FreeUnusedLocked).
+  std::vector<RegionInfo> Regions();
 
   // kInvalidArgument: bad name, no extents, an empty or out-of-bounds extent. kNotFound: an
   // unknown region. kAlreadyExists: the name is taken and `replace` is false.
@@ -130,6 +136,8 @@ class Node {
                                       std::optional<uint64_t> version = std::nullopt) const;
   absl::StatusOr<std::vector<ObjectView>> List(const std::string& prefix,
                                                const std::string& after, size_t limit) const;
+  // Every version of `name`; the regions allocated for it that no version uses any more go
+  // too (at once, or when the transfers that still read them end).
   absl::Status Delete(const std::string& name);
   // Copies `bytes` into a new node-owned buffer on `device` and publishes it as `name`.
   absl::StatusOr<ObjectView> PutData(const std::string& name, std::string_view bytes,
@@ -184,6 +192,7 @@ class Node {
     ~PullInFlight() {
       absl::MutexLock lock(&node_->mu_);
       --node_->pulls_in_flight_;
+      node_->FreeUnusedLocked(kUnpinGrace);  // what a transfer of this pull kept
     }
     PullInFlight(const PullInFlight&) = delete;
     PullInFlight& operator=(const PullInFlight&) = delete;
@@ -191,6 +200,9 @@ class Node {
    private:
     Node* node_;
   };
+  // How long freeing a region waits for a transfer that has just ended to let go of it (its
+  // progress thread does so a moment after the transfer's Wait returns).
+  static constexpr absl::Duration kUnpinGrace = absl::Milliseconds(20);
   explicit Node(const NodeOptions& options) : options_(options) {}
   bool Attached(const metadata::ObjectRecord& r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   ObjectView View(metadata::ObjectRecord r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -216,7 +228,12 @@ class Node {
                              StagingRing& ring, uint32_t tag, engine::PeerId source,
                              absl::Time deadline, const std::atomic<bool>* stop);
   absl::StatusOr<RegionInfo> AddRegion(char* addr, uint64_t size, engine::Device device,
-                                       std::unique_ptr<char, void (*)(char*)> owned);
+                                       std::unique_ptr<char, void (*)(char*)> owned,
+                                       bool for_object);
+  // Frees the regions of `unused_` that no object version uses; one that a transfer still
+  // reads after `grace` stays there for the end of a later pull (or the next region listing).
+  void FreeUnusedLocked(absl::Duration grace = absl::ZeroDuration())
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<engine::PeerId> PeerFor(const nlohmann::json& request, absl::Time deadline);
 
   const NodeOptions options_;
@@ -224,6 +241,8 @@ class Node {
   std::unique_ptr<engine::Engine> engine_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, Region> regions_ ABSL_GUARDED_BY(mu_);
+  // Regions allocated for objects whose last version went.
+  std::set<uint64_t> unused_ ABSL_GUARDED_BY(mu_);
   int pulls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<StagingPool> staging_;
   engine::CudaIpcCache ipc_cache_;

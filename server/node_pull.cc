@@ -476,7 +476,7 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
       return absl::AlreadyExistsError(absl::StrCat("object '", target, "' exists here"));
     }
     RETURN_IF_ERROR(ask_source());
-    ASSIGN_OR_RETURN(RegionInfo region, AllocateRegion(device, size));
+    ASSIGN_OR_RETURN(RegionInfo region, AllocateRegion(device, size, true));
     new_region = region.id;
     local.push_back({region.id, 0, region.size});
   } else if (into.contains("extents") || into.contains("extents_b64") ||

@@ -341,6 +341,89 @@ TEST_F(FerrydTest, NonContiguousObjectIsPulledOverRdmaAndReadBackExactly) {
   EXPECT_HTTP_ERROR(cb.Post("/v1/pulls", head, server::kExtentsContentType), 400, "INVALID_ARGUMENT");
 }
 
+// Buffers ferryd allocates for an object (an upload, a pull into a new buffer) go with the last
+// version that uses them; regions a client made or registered stay until it deletes them.
+TEST_F(FerrydTest, RegionsAllocatedForAnObjectGoWithItsLastVersion) {
+  ASSERT_NO_FATAL_FAILURE(StartB());
+  auto ca = a_->Client();
+  auto cb = b_->Client();
+  auto region_ids = [](Ferryd& node) {
+    std::vector<uint64_t> ids;
+    const json listed = json::parse(node.Client().Get("/v1/regions")->body);
+    for (const auto& r : listed["regions"]) ids.push_back(r["id"].get<uint64_t>());
+    return ids;
+  };
+  auto gone = [&](uint64_t id) {
+    EXPECT_HTTP_ERROR(ca.Delete(("/v1/regions/" + std::to_string(id)).c_str()), 404, "NOT_FOUND");
+  };
+  // Two versions, two buffers: both go with the object.
+  const uint64_t v1 = Upload(*a_, "w", RandomBytes(4096, 1));
+  auto up2 = ca.Put("/v1/objects/w/data?replace=true", RandomBytes(8192, 2), kOctet);
+  ASSERT_EQ(up2->status, 201) << up2->body;
+  const uint64_t v2 = json::parse(up2->body)["extents"][0]["region"].get<uint64_t>();
+  const json listed = json::parse(ca.Get("/v1/regions")->body)["regions"];
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0]["for_object"], true);
+  EXPECT_EQ(listed[0]["owned"], true);
+  ASSERT_EQ(ca.Delete("/v1/objects/w")->status, 200);
+  EXPECT_THAT(region_ids(*a_), ::testing::IsEmpty());
+  gone(v1);
+  gone(v2);
+
+  // Another object over an uploaded buffer keeps it until that object goes too.
+  const uint64_t base = Upload(*a_, "base", RandomBytes(1 << 20, 3));
+  const json layout = {{"extents", {{{"region", base}, {"offset", 100}, {"length", 1000}},
+                                    {{"region", base}, {"offset", 5000}, {"length", 10}}}}};
+  ASSERT_EQ(ca.Put("/v1/objects/view", layout.dump(), "application/json")->status, 201);
+  ASSERT_EQ(ca.Delete("/v1/objects/base")->status, 200);
+  EXPECT_THAT(region_ids(*a_), ::testing::ElementsAre(base));
+  EXPECT_EQ(ca.Get("/v1/objects/view/data")->body.size(), 1010u);
+
+  // A pull into a new buffer on B: B's buffer goes with B's object.
+  auto pulled = cb.Post("/v1/pulls",
+                        json{{"from", a_->url()}, {"object", "view"}, {"into", {{"device", "host"}}}}.dump(),
+                        "application/json");
+  ASSERT_EQ(pulled->status, 200) << pulled->body;
+  const uint64_t on_b = json::parse(pulled->body)["region"].get<uint64_t>();
+  EXPECT_THAT(region_ids(*b_), ::testing::ElementsAre(on_b));
+  ASSERT_EQ(cb.Delete("/v1/objects/view")->status, 200);
+  EXPECT_THAT(region_ids(*b_), ::testing::IsEmpty());
+
+  // A deletes an object while B pulls it: the pull either ends as it started (the buffer
+  // stays until the WRITEs that read it end) or is refused, and the buffer is gone after.
+  const std::string big = RandomBytes(64 << 20, 4);
+  const uint64_t big_region = Upload(*a_, "big", big);
+  auto into = json::parse(cb.Post("/v1/regions", json{{"size", big.size()}}.dump(), "application/json")->body);
+  const json mine = {{{"region", into["id"]}, {"offset", 0}, {"length", big.size()}}};
+  std::thread deleter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(a_->Client().Delete("/v1/objects/big")->status, 200);
+  });
+  auto during = cb.Post("/v1/pulls",
+                        json{{"from", a_->url()}, {"object", "big"}, {"into", {{"extents", mine}}}}.dump(),
+                        "application/json");
+  deleter.join();
+  ASSERT_TRUE(during);
+  if (during->status == 200) {
+    ASSERT_EQ(cb.Put("/v1/objects/got", json{{"extents", mine}}.dump(), "application/json")->status, 201);
+    EXPECT_TRUE(cb.Get("/v1/objects/got/data")->body == big);
+  } else {
+    EXPECT_EQ(during->status, 404) << during->body;
+  }
+  gone(big_region);  // by the pull's end, not by a listing
+  EXPECT_THAT(region_ids(*a_), ::testing::ElementsAre(base));
+  ASSERT_EQ(ca.Delete("/v1/objects/view")->status, 200);
+  EXPECT_THAT(region_ids(*a_), ::testing::IsEmpty());
+
+  // A region the client made stays with no object on it, until the client deletes it.
+  auto made = json::parse(ca.Post("/v1/regions", R"({"device":"host","size":4096})", "application/json")->body);
+  EXPECT_EQ(made["for_object"], false);
+  const json one = {{"extents", {{{"region", made["id"]}, {"offset", 0}, {"length", 10}}}}};
+  ASSERT_EQ(ca.Put("/v1/objects/mine", one.dump(), "application/json")->status, 201);
+  ASSERT_EQ(ca.Delete("/v1/objects/mine")->status, 200);
+  EXPECT_THAT(region_ids(*a_), ::testing::ElementsAre(made["id"].get<uint64_t>()));
+}
+
 // The staged path (the one GPU memory takes between hosts without FI_HMEM) forced with host
 // memory: chunks go through pinned-or-host rings of 4 slots x 64 KiB at both ends, so a 1 MiB
 // object wraps each ring four times and every slot is given back by credit messages.

@@ -63,6 +63,8 @@ class Client {
                                   std::optional<uint64_t> version = std::nullopt);
   absl::StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix = "",
                                                size_t limit = 1000);
+  // Every version of `name`, and the buffers the node allocated for it (Put, Pull into a
+  // device) that no other object uses.
   absl::Status Remove(const std::string& name);
   // Publishes a layout over the node's regions (region ids as the node gave them).
   absl::StatusOr<ObjectInfo> Publish(const std::string& name, const std::vector<Extent>& layout,
