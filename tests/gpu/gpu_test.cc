@@ -119,6 +119,14 @@ TEST_F(GpuTest, GpuToGpuOnOneHostTakesTheIpcPathIntoNewAndScatteredBuffers) {
   EXPECT_EQ(Pull("g", {{"extents", mine}}, "unused"), "cuda_ipc");
   ASSERT_EQ(Client(b_).Put("/v1/objects/g2", json{{"extents", mine}}.dump(), kJson)->status, 201);
   EXPECT_TRUE(Read("g2") == expect);
+  // The GPU buffer B allocated for g1 goes with it; the one B's client made stays.
+  auto c = Client(b_);
+  const uint64_t g1_region = json::parse(c.Get("/v1/objects/g1")->body)["extents"][0]["region"];
+  ASSERT_EQ(c.Delete("/v1/objects/g1")->status, 200);
+  EXPECT_EQ(c.Delete(("/v1/regions/" + std::to_string(g1_region)).c_str())->status, 404);
+  ASSERT_EQ(c.Delete("/v1/objects/g2")->status, 200);
+  const uint64_t made = mine[0]["region"];
+  EXPECT_EQ(c.Delete(("/v1/regions/" + std::to_string(made)).c_str())->status, 200);
 }
 
 TEST_F(GpuTest, AlignedPiecesUpTo256KiBLandWhereTheyShould) {
