@@ -273,8 +273,12 @@ absl::Status Node::DeleteRegion(uint64_t id) {
   if (size_t users = catalog_->RegionUsers(id); users > 0) {
     return Conflict(absl::StrCat("region ", id, " is used by ", users, " object version(s)"));
   }
+  return FreeRegionLocked(it, absl::Now() + kUnpinGrace);
+}
+
+absl::Status Node::FreeRegionLocked(std::map<uint64_t, Region>::iterator it, absl::Time deadline) {
   if (it->second.engine_id != 0) {
-    absl::Status s = engine_->DeregisterMemory(it->second.engine_id, absl::Now() + kUnpinGrace);
+    absl::Status s = engine_->DeregisterMemory(it->second.engine_id, deadline);
     if (s.code() == absl::StatusCode::kFailedPrecondition) return Conflict(s.message());
     RETURN_IF_ERROR(s);
   }
@@ -367,13 +371,11 @@ void Node::FreeUnusedLocked(absl::Duration grace) {
       id = unused_.erase(id);
       continue;
     }
-    if (it->second.engine_id != 0 &&
-        !engine_->DeregisterMemory(it->second.engine_id, deadline).ok()) {
+    if (FreeRegionLocked(it, deadline).ok()) {
+      id = unused_.erase(id);
+    } else {
       ++id;
-      continue;
     }
-    regions_.erase(it);
-    id = unused_.erase(id);
   }
 }
 

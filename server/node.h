@@ -230,6 +230,10 @@ class Node {
   absl::StatusOr<RegionInfo> AddRegion(char* addr, uint64_t size, engine::Device device,
                                        std::unique_ptr<char, void (*)(char*)> owned,
                                        bool for_object);
+  // Deregisters the region from the rails (waiting until `deadline` for a transfer to let go
+  // of it; kFailedPrecondition as a 409 if none does) and frees it.
+  absl::Status FreeRegionLocked(std::map<uint64_t, Region>::iterator it, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the regions of `unused_` that no object version uses; one that a transfer still
   // reads after `grace` stays there for the end of a later pull (or the next region listing).
   void FreeUnusedLocked(absl::Duration grace = absl::ZeroDuration())
