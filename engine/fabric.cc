@@ -56,17 +56,27 @@ absl::StatusOr<std::string> ProviderFilter(std::string_view provider) {
       absl::StrCat("unknown provider '", std::string(provider), "': want auto, efa, verbs, tcp or shm"));
 }
 
-int GetInfo(const fi_info* hints, fi_info** out) {
+void SetProviderDefaults() {
   // rxm (the RDM layer over tcp) sizes its receive pools for messaging: 1024 buffers per
   // endpoint and as many per connection, about 70 MB per rail, touched when a rail opens and
   // at first contact (2.2 GB, and seconds, for 32 rails on the 2-vCPU test machine). A rail
-  // receives only control messages and immediates: 128 are plenty. Set before libfabric
-  // reads its parameters (the first fi_getinfo); a value in the environment wins.
+  // receives only control messages and immediates: 128 are plenty.
+  // tcp reads each message header with a recv of up to 9000 bytes into a prefetch buffer; a
+  // WRITE into several destination pieces that finds part of its data there goes back to the
+  // progress loop before reading the rest (libfabric 1.17, ofi_bsock_recvv): one more pass over
+  // every rail per gathered WRITE. Without the buffer every read goes to the socket.
+  // libfabric reads its parameters once, at the first fi_getinfo; a value in the environment
+  // wins.
   static std::once_flag once;
   std::call_once(once, [] {
     setenv("FI_OFI_RXM_RX_SIZE", "128", 0);
     setenv("FI_OFI_RXM_MSG_RX_SIZE", "128", 0);
+    setenv("FI_TCP_PREFETCH_RBUF_SIZE", "0", 0);
   });
+}
+
+int GetInfo(const fi_info* hints, fi_info** out) {
+  SetProviderDefaults();
   return fi_getinfo(kFiVersion, nullptr, nullptr, 0, hints, out);
 }
 

@@ -23,8 +23,12 @@ namespace ferry::engine {
 // The libfabric API version ferry asks for (Debian 12 ships 1.17).
 inline constexpr uint32_t kFiVersion = FI_VERSION(1, 17);
 
-// fi_getinfo at kFiVersion, with ferry's defaults for provider parameters the user has not set
-// (FI_OFI_RXM_RX_SIZE, FI_OFI_RXM_MSG_RX_SIZE: 128). Every fi_getinfo goes through it.
+// Sets ferry's defaults for the provider parameters the user has not set in the environment
+// (FI_OFI_RXM_RX_SIZE, FI_OFI_RXM_MSG_RX_SIZE: 128; FI_TCP_PREFETCH_RBUF_SIZE: 0). They take
+// effect only before the process's first fi_getinfo. Idempotent.
+void SetProviderDefaults();
+
+// fi_getinfo at kFiVersion, after SetProviderDefaults. Every fi_getinfo of ferry goes through it.
 int GetInfo(const fi_info* hints, fi_info** out);
 
 // Closes any fid-based object; logs a non-zero rc (a close has no caller that could act on it).

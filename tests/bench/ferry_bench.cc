@@ -102,6 +102,9 @@ class RawSession {
                      SpawnHello(&s->peer_, {self, "raw-peer", "--provider", f.provider,
                                             "--domain", f.domain, "--size",
                                             std::to_string(dst_size)}));
+    // The raw target, spawned above, runs libfabric's own provider parameters. This process
+    // hosts the engine's source end too, and libfabric reads them once: set ferry's now.
+    engine::SetProviderDefaults();
     ASSIGN_OR_RETURN(s->ep_, RawEndpoint::Open(f.provider, f.domain));
     RETURN_IF_ERROR(s->ep_->Register(src, f.total));
     ASSIGN_OR_RETURN(std::string addr, engine::HexDecode(hello["address"].get<std::string>()));

@@ -31,7 +31,8 @@ absl::StatusOr<std::unique_ptr<RawEndpoint>> RawEndpoint::Open(const std::string
   hints->fabric_attr->prov_name = strdup(filter.c_str());
   hints->domain_attr->name = strdup(domain.c_str());
   fi_info* info = nullptr;
-  int rc = engine::GetInfo(hints.get(), &info);
+  // Not engine::GetInfo: the raw loop's target runs libfabric's own provider parameters.
+  int rc = fi_getinfo(engine::kFiVersion, nullptr, nullptr, 0, hints.get(), &info);
   if (rc != 0) return FiError(rc, "fi_getinfo");
   std::unique_ptr<RawEndpoint> ep(new RawEndpoint());
   ep->info_.reset(info);
