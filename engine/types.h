@@ -78,8 +78,8 @@ struct Extent {
 };
 
 // Host memory for a region of `size` bytes (> 0): from 2 MiB on, 2 MiB-aligned, rounded up and
-// in transparent huge pages where the kernel has them. Release with std::free; nullptr when out
-// of memory. The bytes are not cleared.
+// in transparent huge pages where the kernel has them; zeroed, its pages present before the
+// first WRITE. Release with std::free; nullptr when out of memory.
 void* AllocateHostMemory(uint64_t size);
 
 // True when [offset, offset + length) lies inside [0, region_length), without overflow.

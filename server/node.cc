@@ -222,7 +222,6 @@ absl::StatusOr<RegionInfo> Node::AllocateRegion(engine::Device device, uint64_t 
   }
   char* mem = static_cast<char*>(engine::AllocateHostMemory(size));
   if (mem == nullptr) return absl::ResourceExhaustedError("out of memory for the region");
-  memset(mem, 0, size);  // no stale bytes, and the pages are there before the first WRITE
   return AddRegion(mem, size, device, {mem, &FreeOwned}, for_object);
 }
 

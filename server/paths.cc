@@ -105,9 +105,8 @@ absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::Create(engine::Engine&
     ring->mem_ = static_cast<char*>(p);
     ring->pinned_ = true;
   } else {
-    ring->mem_ = static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+    ring->mem_ = static_cast<char*>(engine::AllocateHostMemory(bytes));
     if (ring->mem_ == nullptr) return absl::ResourceExhaustedError("out of memory for staging");
-    std::memset(ring->mem_, 0, bytes);
   }
   ASSIGN_OR_RETURN(ring->region_,
                    engine.RegisterMemory(ring->mem_, bytes, engine::Device::Host()));

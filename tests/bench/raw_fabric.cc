@@ -163,7 +163,6 @@ int RunRawPeer(const std::string& provider, const std::string& domain, uint64_t 
     return 1;
   }
   void* buf = engine::AllocateHostMemory(size);
-  memset(buf, 0, size);
   absl::Status s = (*ep)->Register(buf, size);
   if (!s.ok()) {
     std::cout << nlohmann::json{{"error", s.ToString()}}.dump() << std::endl;
