@@ -117,6 +117,47 @@ void GetData(Node& node, const std::string& name, const httplib::Request& req,
       });
 }
 
+// Where PUT /v1/objects/{name}/data puts the bytes: ?device= (default host), ?replace=.
+struct UploadTarget {
+  bool replace = false;
+  engine::Device device;
+};
+
+absl::StatusOr<UploadTarget> UploadTargetOf(const httplib::Request& req) {
+  UploadTarget to;
+  ASSIGN_OR_RETURN(to.replace, BoolParam(req, "replace"));
+  ASSIGN_OR_RETURN(to.device, engine::Device::Parse(req.has_param("device")
+                                                        ? req.get_param_value("device")
+                                                        : "host"));
+  return to;
+}
+
+// PUT /v1/objects/{name}/data with a Content-Length: the bytes go into the object's new
+// buffer as they arrive, never whole in memory besides. The body is read to its end even when
+// the request is refused, so that the connection stays usable.
+void PutDataAsItArrives(Node& node, const std::string& name, const httplib::Request& req,
+                        httplib::Response& res, const httplib::ContentReader& read,
+                        size_t max_body) {
+  auto begin = [&]() -> absl::StatusOr<std::unique_ptr<Node::Upload>> {
+    uint64_t length;
+    if (!absl::SimpleAtoi(req.get_header_value("Content-Length"), &length)) {
+      return absl::InvalidArgumentError("Content-Length must be a number of bytes");
+    }
+    if (length > max_body) return TooLarge("request body over the limit");
+    ASSIGN_OR_RETURN(const UploadTarget to, UploadTargetOf(req));
+    return node.BeginUpload(name, length, to.replace, to.device);
+  };
+  absl::StatusOr<std::unique_ptr<Node::Upload>> upload = begin();
+  absl::Status s = upload.status();
+  const bool read_all = read([&](const char* data, size_t n) {
+    if (s.ok()) s = (*upload)->Append(data, n);
+    return true;  // after an error the rest is read and dropped
+  });
+  if (s.ok() && !read_all) s = absl::InvalidArgumentError("the body ended early");
+  if (!s.ok()) return WriteError(res, s);
+  WriteResponse(res, (*upload)->Finish(), 201);
+}
+
 void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res) {
   auto target = ParseObjectTarget(req);
   if (!target.ok()) return WriteError(res, target.status());
@@ -150,12 +191,9 @@ void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res
   } else if (target->action == "data") {
     if (m == "GET") return GetData(node, name, req, res);
     if (m == "PUT") {
-      auto replace = BoolParam(req, "replace");
-      if (!replace.ok()) return WriteError(res, replace.status());
-      auto device = engine::Device::Parse(req.has_param("device") ? req.get_param_value("device")
-                                                                  : "host");
-      if (!device.ok()) return WriteError(res, device.status());
-      return WriteResponse(res, node.PutData(name, req.body, *replace, *device), 201);
+      auto to = UploadTargetOf(req);
+      if (!to.ok()) return WriteError(res, to.status());
+      return WriteResponse(res, node.PutData(name, req.body, to->replace, to->device), 201);
     }
   } else if (m == "POST") {  // pull
     auto body = ParseBody(req);
@@ -282,7 +320,31 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
     ObjectRoute(node, req, res);
   };
   server.Get("/v1/objects/(.+)", objects);
-  server.Put("/v1/objects/(.+)", objects);
+  // httplib hands every PUT here to this handler with the body still unread.
+  server.Put("/v1/objects/(.+)", [&node, max_body = options.max_body](
+                                     const httplib::Request& req, httplib::Response& res,
+                                     const httplib::ContentReader& read) {
+    if (req.is_multipart_form_data()) {
+      read([](const httplib::MultipartFormData&) { return true; },
+           [](const char*, size_t) { return true; });
+      return WriteError(res, absl::InvalidArgumentError(
+                                 "multipart/form-data is not taken here: send the bytes as they are"));
+    }
+    auto target = ParseObjectTarget(req);
+    if (target.ok() && target->action == "data" && req.has_header("Content-Length")) {
+      return PutDataAsItArrives(node, target->name, req, res, read, max_body);
+    }
+    httplib::Request whole = req;  // the rest take their body whole, as httplib would read it
+    if (!read([&whole](const char* data, size_t n) {
+          whole.body.append(data, n);
+          return true;
+        })) {
+      return WriteError(res, res.status == 413
+                                 ? TooLarge("request body over the limit")
+                                 : absl::InvalidArgumentError("the body ended early"));
+    }
+    ObjectRoute(node, whole, res);
+  });
   server.Delete("/v1/objects/(.+)", objects);
   server.Post("/v1/objects/(.+)", objects);
 }

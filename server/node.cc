@@ -378,26 +378,76 @@ void Node::FreeUnusedLocked(absl::Duration grace) {
   }
 }
 
-absl::StatusOr<ObjectView> Node::PutData(const std::string& name, std::string_view bytes,
-                                         bool replace, engine::Device device) {
+// Bytes of an upload into GPU memory gathered in host memory for one copy to the device
+// (cpp-httplib hands a body over in pieces of 4 KiB).
+constexpr size_t kUploadStage = size_t{4} << 20;
+
+absl::StatusOr<std::unique_ptr<Node::Upload>> Node::BeginUpload(const std::string& name,
+                                                                uint64_t size, bool replace,
+                                                                engine::Device device) {
   RETURN_IF_ERROR(metadata::ValidateObjectName(name));
-  if (bytes.empty()) return absl::InvalidArgumentError("an object needs at least one byte");
+  if (size == 0) return absl::InvalidArgumentError("an object needs at least one byte");
   if (!replace && catalog_->Get(name).ok()) {
     return absl::AlreadyExistsError(absl::StrCat("object '", name, "' exists"));
   }
-  ASSIGN_OR_RETURN(RegionInfo region, AllocateRegion(device, bytes.size(), true));
-  absl::Status copied;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    copied = CopyBytes(regions_.at(region.id).addr, bytes.data(), bytes.size(), device);
+  ASSIGN_OR_RETURN(RegionInfo region, AllocateRegion(device, size, true));
+  return std::unique_ptr<Upload>(new Upload(this, name, std::move(region), replace));
+}
+
+Node::Upload::~Upload() {
+  if (!published_) IgnoreError(node_->DeleteRegion(region_.id));
+}
+
+absl::Status Node::Upload::Append(const char* data, size_t n) {
+  if (n > region_.size - written_) {
+    return absl::OutOfRangeError(
+        absl::StrCat("more than the ", region_.size, " bytes announced"));
   }
-  if (!copied.ok()) {
-    IgnoreError(DeleteRegion(region.id));
-    return copied;
+  if (region_.device.kind != engine::Device::Kind::kCuda) {
+    RETURN_IF_ERROR(node_->CopyIntoRegion(region_.id, written_, data, n));
+    written_ += n;
+    return absl::OkStatus();
   }
-  auto published = Publish(name, {{region.id, 0, bytes.size()}}, replace);
-  if (!published.ok()) IgnoreError(DeleteRegion(region.id));
-  return published;
+  staged_.append(data, n);
+  written_ += n;
+  return staged_.size() >= kUploadStage ? Flush() : absl::OkStatus();
+}
+
+absl::Status Node::Upload::Flush() {
+  if (staged_.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(node_->CopyIntoRegion(region_.id, written_ - staged_.size(), staged_.data(),
+                                        staged_.size()));
+  staged_.clear();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ObjectView> Node::Upload::Finish() {
+  if (written_ != region_.size) {
+    return absl::InvalidArgumentError(absl::StrCat("the body ended after ", written_, " of the ",
+                                                   region_.size, " bytes announced"));
+  }
+  RETURN_IF_ERROR(Flush());
+  ASSIGN_OR_RETURN(ObjectView view, node_->Publish(name_, {{region_.id, 0, region_.size}}, replace_));
+  published_ = true;
+  return view;
+}
+
+absl::StatusOr<ObjectView> Node::PutData(const std::string& name, std::string_view bytes,
+                                         bool replace, engine::Device device) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Upload> upload, BeginUpload(name, bytes.size(), replace, device));
+  RETURN_IF_ERROR(upload->Append(bytes.data(), bytes.size()));
+  return upload->Finish();
+}
+
+absl::Status Node::CopyIntoRegion(uint64_t id, uint64_t offset, const char* src, uint64_t n) {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = regions_.find(id);
+  if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("region ", id, " is gone"));
+  if (!engine::InBounds(offset, n, it->second.info.size)) {
+    return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", +", n,
+                                              ") are outside region ", id));
+  }
+  return CopyBytes(it->second.addr + offset, src, n, it->second.info.device);
 }
 
 absl::Status Node::ReadData(const metadata::ObjectRecord& object, uint64_t offset,

@@ -139,7 +139,39 @@ class Node {
   // Every version of `name`; the regions allocated for it that no version uses any more go
   // too (at once, or when the transfers that still read them end).
   absl::Status Delete(const std::string& name);
-  // Copies `bytes` into a new node-owned buffer on `device` and publishes it as `name`.
+  // The bytes of one object upload (PUT /v1/objects/{name}/data), copied in order as they
+  // arrive into the buffer the node allocated for them, and published by Finish. An upload
+  // dropped unfinished frees its buffer and publishes nothing.
+  class Upload {
+   public:
+    ~Upload();
+    Upload(const Upload&) = delete;
+    Upload& operator=(const Upload&) = delete;
+    // kOutOfRange: more bytes than announced. kNotFound: the buffer was deleted meanwhile.
+    absl::Status Append(const char* data, size_t n);
+    // kInvalidArgument: fewer bytes than announced; then as Publish.
+    absl::StatusOr<ObjectView> Finish();
+
+   private:
+    friend class Node;
+    Upload(Node* node, std::string name, RegionInfo region, bool replace)
+        : node_(node), name_(std::move(name)), region_(std::move(region)), replace_(replace) {}
+    // GPU memory: the bytes staged in host memory since the last copy go to the device.
+    absl::Status Flush();
+
+    Node* node_;
+    std::string name_;
+    RegionInfo region_;
+    bool replace_;
+    uint64_t written_ = 0;  // bytes appended, staged ones included
+    std::string staged_;
+    bool published_ = false;
+  };
+  // Allocates `size` bytes on `device` for an upload of `name`. kInvalidArgument: a bad name,
+  // size 0 (or as AllocateRegion). kAlreadyExists: the name is taken and `replace` is false.
+  absl::StatusOr<std::unique_ptr<Upload>> BeginUpload(const std::string& name, uint64_t size,
+                                                      bool replace, engine::Device device);
+  // BeginUpload, Append, Finish with `bytes`.
   absl::StatusOr<ObjectView> PutData(const std::string& name, std::string_view bytes,
                                      bool replace, engine::Device device = engine::Device::Host());
   // Copies bytes [offset, offset + length) of the object into `out` (appended).
@@ -238,6 +270,8 @@ class Node {
   // reads after `grace` stays there for the end of a later pull (or the next region listing).
   void FreeUnusedLocked(absl::Duration grace = absl::ZeroDuration())
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies `n` bytes from `src` to `offset` of region `id`. kNotFound: no such region.
+  absl::Status CopyIntoRegion(uint64_t id, uint64_t offset, const char* src, uint64_t n);
   absl::StatusOr<engine::PeerId> PeerFor(const nlohmann::json& request, absl::Time deadline);
 
   const NodeOptions options_;
