@@ -1,11 +1,15 @@
 // ferry: the command-line client. See --help.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
-#include <sstream>
+#include <string>
+#include <string_view>
 
 #include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
@@ -40,6 +44,51 @@ void Rate(const char* verb, uint64_t bytes, double seconds) {
                static_cast<unsigned long long>(bytes), seconds,
                seconds > 0 ? static_cast<double>(bytes) / seconds / 1e6 : 0.0);
 }
+
+// A file's bytes for `ferry put`: a regular file is mapped, not read into memory first (a
+// model's weights may be most of the machine's memory); anything else (a pipe) is read whole.
+class InputFile {
+ public:
+  explicit InputFile(const std::string& path) {
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    struct stat st = {};
+    if (fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+      close(fd);
+      return;
+    }
+    if (!S_ISREG(st.st_mode)) {
+      char buf[1 << 16];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) read_.append(buf, static_cast<size_t>(n));
+      ok_ = n == 0;
+      bytes_ = read_;
+    } else if (st.st_size > 0) {
+      void* p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p != MAP_FAILED) {
+        ok_ = mapped_ = true;
+        bytes_ = {static_cast<const char*>(p), static_cast<size_t>(st.st_size)};
+        madvise(p, bytes_.size(), MADV_SEQUENTIAL);
+      }
+    } else {
+      ok_ = true;  // empty: the node says what it thinks of that
+    }
+    close(fd);
+  }
+  ~InputFile() {
+    if (mapped_) munmap(const_cast<char*>(bytes_.data()), bytes_.size());
+  }
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+  bool ok() const { return ok_; }
+  std::string_view bytes() const { return bytes_; }
+
+ private:
+  bool ok_ = false;
+  bool mapped_ = false;
+  std::string read_;
+  std::string_view bytes_;
+};
 
 int Fail(const absl::Status& s) {
   if (isatty(2)) std::fprintf(stderr, "\r\033[K");
@@ -118,11 +167,9 @@ int main(int argc, char** argv) {
   ferry::Client& c = **client;
   const absl::Time start = absl::Now();
   if (*put) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) return Fail(absl::NotFoundError("cannot read " + file));
-    std::stringstream buf;
-    buf << in.rdbuf();
-    const std::string data = buf.str();
+    const InputFile in(file);
+    if (!in.ok()) return Fail(absl::NotFoundError("cannot read " + file));
+    const std::string_view data = in.bytes();
     auto r = c.Put(name, data, replace, ProgressLine("put"), device);
     if (!r.ok()) return Fail(r.status());
     Rate("put", data.size(), absl::ToDoubleSeconds(absl::Now() - start));

@@ -1,12 +1,15 @@
 // The ferry CLI against real ferryd processes: every command, its output and exit codes.
 #include <gmock/gmock.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <string>
+#include <thread>
 
 #include "engine/cuda.h"
 #include "nlohmann/json.hpp"
@@ -55,6 +58,18 @@ TEST(CliTest, PutGetLsStatPullRmWithExitCodes) {
   EXPECT_THAT(put_out, ::testing::HasSubstr("cli/obj version 1, 3145728 bytes"));
   EXPECT_EQ(Ferry({"--node", a.url, "put", "cli/obj", (dir / "in.bin").string()}).first, 4);
   EXPECT_EQ(Ferry({"--node", a.url, "put", "cli/obj", (dir / "missing.bin").string()}).first, 3);
+  EXPECT_EQ(Ferry({"--node", a.url, "put", "cli/dir", dir.string()}).first, 3);
+  // A regular file is mapped; a pipe is read to its end.
+  ASSERT_EQ(mkfifo((dir / "pipe").c_str(), 0600), 0);
+  const std::string piped = data.substr(5, 1 << 20);
+  std::thread writer([&] { std::ofstream(dir / "pipe", std::ios::binary) << piped; });
+  auto [pipe_rc, pipe_out] = Ferry({"--node", a.url, "put", "cli/piped", (dir / "pipe").string()});
+  writer.join();
+  EXPECT_EQ(pipe_rc, 0);
+  EXPECT_THAT(pipe_out, ::testing::HasSubstr("cli/piped version 1, 1048576 bytes"));
+  EXPECT_EQ(Ferry({"--node", a.url, "get", "cli/piped", "-o", (dir / "piped.bin").string()}).first, 0);
+  std::ifstream piped_in(dir / "piped.bin", std::ios::binary);
+  EXPECT_TRUE(std::string(std::istreambuf_iterator<char>(piped_in), {}) == piped);
   auto [pull_rc, pull_out] = Ferry({"--node", b.url, "pull", "cli/obj", "--from", a.url});
   EXPECT_EQ(pull_rc, 0);
   EXPECT_THAT(pull_out, ::testing::HasSubstr("pulled cli/obj: 3145728 bytes"));
