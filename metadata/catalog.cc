@@ -203,7 +203,7 @@ absl::StatusOr<uint64_t> Catalog::NextRegionId() {
 
 absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
                                               const std::vector<ObjectExtent>& extents,
-                                              bool replace) {
+                                              bool replace, std::set<uint64_t>* released) {
   RETURN_IF_ERROR(ValidateObjectName(name));
   ObjectRecord r;
   r.name = name;
@@ -226,10 +226,22 @@ absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
   rocksdb::WriteBatch batch;
   batch.Put(objects_, LatestKey(name), EncodeU64(r.version));
   batch.Put(objects_, VersionKey(name, r.version), EncodeRecord(r));
+  std::vector<ObjectRecord> removed;
+  if (options_.keep_versions > 0 && r.version > options_.keep_versions) {
+    const std::string last = VersionKey(name, r.version - options_.keep_versions);
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}, objects_));
+    for (it->Seek(VersionPrefix(name)); it->Valid() && it->key().compare(last) <= 0; it->Next()) {
+      ASSIGN_OR_RETURN(ObjectRecord old, DecodeRecord(it->value().ToString()));
+      removed.push_back(std::move(old));
+      batch.Delete(objects_, it->key());
+    }
+    RETURN_IF_ERROR(FromRocksDb(it->status(), "scan versions"));
+  }
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync;
   RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), "publish"));
   for (uint64_t region : RegionsOf(extents)) ++region_users_[region];
+  ForgetLocked(removed, released);
   Cache(VersionKey(name, r.version), r);  // a pull often follows at once
   return r;
 }
@@ -316,11 +328,19 @@ absl::Status Catalog::Delete(const std::string& name, std::set<uint64_t>* releas
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync;
   RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), "delete object"));
+  ForgetLocked(removed, released);
+  return absl::OkStatus();
+}
+
+void Catalog::ForgetLocked(const std::vector<ObjectRecord>& removed,
+                           std::set<uint64_t>* released) {
   {
     absl::MutexLock cache_lock(&cache_mu_);
-    for (auto c = cache_.lower_bound(vprefix); c != cache_.end() && c->first.starts_with(vprefix);) {
+    for (const ObjectRecord& r : removed) {
+      auto c = cache_.find(VersionKey(r.name, r.version));
+      if (c == cache_.end()) continue;
       cached_extents_ -= c->second->extents.size();
-      c = cache_.erase(c);
+      cache_.erase(c);
     }
   }
   for (const ObjectRecord& r : removed) {
@@ -330,7 +350,6 @@ absl::Status Catalog::Delete(const std::string& name, std::set<uint64_t>* releas
       if (released != nullptr) released->insert(region);
     }
   }
-  return absl::OkStatus();
 }
 
 size_t Catalog::RegionUsers(uint64_t region) const {

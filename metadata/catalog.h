@@ -44,6 +44,9 @@ struct CatalogOptions {
   // Sync the write-ahead log on every change, so an acknowledged publish survives a machine
   // crash, not only a process crash. Default: true.
   bool sync = true;
+  // Versions kept per name: publishing version N removes those up to N - keep_versions, in the
+  // same write. 0: every version. Default: 0.
+  size_t keep_versions = 0;
 };
 
 // kInvalidArgument unless `name` is 1 to 256 characters of letters, digits and "._-/", with
@@ -67,9 +70,12 @@ class Catalog {
   absl::StatusOr<uint64_t> NextRegionId();
 
   // Publishes `extents` as `name`. kAlreadyExists: the name exists and `replace` is false.
-  // With `replace`, the new version is the latest plus one, written atomically.
+  // With `replace`, the new version is the latest plus one, written atomically together with
+  // the removal of the versions past `keep_versions`. `released` (if given) gets the regions
+  // that no object version uses any more.
   absl::StatusOr<ObjectRecord> Publish(const std::string& name,
-                                       const std::vector<ObjectExtent>& extents, bool replace);
+                                       const std::vector<ObjectExtent>& extents, bool replace,
+                                       std::set<uint64_t>* released = nullptr);
   // The latest version, or `version`. kNotFound: no such name or version.
   absl::StatusOr<ObjectRecord> Get(const std::string& name,
                                    std::optional<uint64_t> version = std::nullopt) const;
@@ -85,6 +91,10 @@ class Catalog {
  private:
   Catalog() = default;
   absl::Status LoadRegionUsers();
+  // Forgets the versions `removed` (deleted from the store by the caller): their cache
+  // entries and their regions' users; adds the regions left without users to `released`.
+  void ForgetLocked(const std::vector<ObjectRecord>& removed, std::set<uint64_t>* released)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   CatalogOptions options_;
   std::string node_id_;

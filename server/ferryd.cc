@@ -78,6 +78,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-body-mb", max_body_mb, "largest request body, MiB")->capture_default_str();
   app.add_option("--max-extents", options.max_extents, "most extents per request")
       ->capture_default_str();
+  app.add_option("--keep-versions", options.keep_versions,
+                 "versions kept per object name; older ones, and the buffers ferryd allocated "
+                 "for them, go when a new one is published (0: all)")
+      ->capture_default_str();
   app.add_option("--staging-slots", options.staging_slots,
                  "slots per staging ring (the staged GPU path)")
       ->capture_default_str();

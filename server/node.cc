@@ -160,7 +160,8 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Open(const NodeOptions& options) {
         absl::StrCat("cannot create data dir ", options.data_dir, ": ", ec.message()));
   }
   ASSIGN_OR_RETURN(node->catalog_,
-                   metadata::Catalog::Open(options.data_dir, {.sync = options.sync}));
+                   metadata::Catalog::Open(options.data_dir, {.sync = options.sync,
+                                                               .keep_versions = options.keep_versions}));
   engine::EngineOptions eo = options.engine;
   eo.node_id = node->catalog_->node_id();
   Node* raw = node.get();  // the engine goes before the node
@@ -314,7 +315,9 @@ absl::StatusOr<ObjectView> Node::Publish(const std::string& name,
                                                      it->second.info.size, " bytes"));
     }
   }
-  ASSIGN_OR_RETURN(metadata::ObjectRecord r, catalog_->Publish(name, extents, replace));
+  std::set<uint64_t> released;
+  ASSIGN_OR_RETURN(metadata::ObjectRecord r, catalog_->Publish(name, extents, replace, &released));
+  ReleaseLocked(released);
   return View(std::move(r));
 }
 
@@ -353,12 +356,17 @@ absl::Status Node::Delete(const std::string& name) {
   std::set<uint64_t> released;
   RETURN_IF_ERROR(catalog_->Delete(name, &released));
   absl::MutexLock lock(&mu_);
+  ReleaseLocked(released);
+  return absl::OkStatus();
+}
+
+void Node::ReleaseLocked(const std::set<uint64_t>& released) {
+  if (released.empty()) return;
   for (uint64_t id : released) {
     auto it = regions_.find(id);
     if (it != regions_.end() && it->second.info.for_object) unused_.insert(id);
   }
   FreeUnusedLocked();
-  return absl::OkStatus();
 }
 
 void Node::FreeUnusedLocked(absl::Duration grace) {

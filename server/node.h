@@ -32,6 +32,9 @@ struct NodeOptions {
   bool sync = true;
   // Most extents one request may carry. Default: 65536.
   size_t max_extents = 65536;
+  // Versions kept per object name (metadata::CatalogOptions::keep_versions); the buffers the
+  // node allocated for the ones it drops are freed. 0: every version. Default: 0.
+  size_t keep_versions = 0;
   // Deadline of a pull that names none. Default: 60 s.
   absl::Duration pull_timeout = absl::Seconds(60);
   // Bearer token sent with requests this node makes to other nodes. Default: none.
@@ -270,6 +273,9 @@ class Node {
   // reads after `grace` stays there for the end of a later pull (or the next region listing).
   void FreeUnusedLocked(absl::Duration grace = absl::ZeroDuration())
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The regions of dropped object versions that the catalog `released`: those the node
+  // allocated for objects go to `unused_` and are freed.
+  void ReleaseLocked(const std::set<uint64_t>& released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Copies `n` bytes from `src` to `offset` of region `id`. kNotFound: no such region.
   absl::Status CopyIntoRegion(uint64_t id, uint64_t offset, const char* src, uint64_t n);
   absl::StatusOr<engine::PeerId> PeerFor(const nlohmann::json& request, absl::Time deadline);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <set>
 
 #include "tests/testing/status_matchers.h"
 
@@ -93,6 +94,39 @@ TEST_F(CatalogTest, DeleteRemovesEveryVersionAndReleasesRegions) {
   EXPECT_EQ(catalog_->RegionUsers(2), 0u);
   ASSERT_OK_AND_ASSIGN(ObjectRecord again, catalog_->Publish("a", {{1, 0, 1}}, false));
   EXPECT_EQ(again.version, 1u);
+}
+
+TEST_F(CatalogTest, KeepVersionsDropsTheOldestOnPublishAndReleasesTheirRegions) {
+  catalog_.reset();
+  ASSERT_OK_AND_ASSIGN(catalog_,
+                       Catalog::Open(dir_.string(), {.sync = false, .keep_versions = 2}));
+  std::set<uint64_t> released;
+  ASSERT_OK(catalog_->Publish("a", {{1, 0, 10}, {9, 0, 1}}, false, &released).status());
+  ASSERT_OK(catalog_->Publish("a", {{2, 0, 10}}, true, &released).status());
+  ASSERT_OK(catalog_->Publish("ab", {{7, 0, 10}}, false, &released).status());  // a name after "a"
+  EXPECT_THAT(released, ::testing::IsEmpty());
+  ASSERT_OK(catalog_->Get("a", 1).status());  // warm the record cache with version 1
+  // Version 3 drops version 1: region 1 had no other user, region 9 has version 3.
+  ASSERT_OK(catalog_->Publish("a", {{3, 0, 10}, {9, 0, 1}}, true, &released).status());
+  EXPECT_THAT(released, ::testing::ElementsAre(1u));
+  EXPECT_THAT(catalog_->Get("a", 1), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK_AND_ASSIGN(ObjectRecord v2, catalog_->Get("a", 2));
+  EXPECT_EQ(v2.extents[0].region, 2u);
+  EXPECT_EQ(catalog_->RegionUsers(9), 1u);
+  released.clear();
+  ASSERT_OK(catalog_->Publish("a", {{4, 0, 10}}, true, &released).status());
+  EXPECT_THAT(released, ::testing::ElementsAre(2u));
+  ASSERT_OK_AND_ASSIGN(ObjectRecord latest, catalog_->Get("a"));
+  EXPECT_EQ(latest.version, 4u);
+  ASSERT_OK(catalog_->Get("ab", 1).status());  // other names keep theirs
+  // What was dropped stays dropped, and the counts agree, after a restart.
+  catalog_.reset();
+  ASSERT_OK_AND_ASSIGN(catalog_, Catalog::Open(dir_.string(), {.sync = false}));
+  EXPECT_THAT(catalog_->Get("a", 2), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK(catalog_->Get("a", 3).status());
+  EXPECT_EQ(catalog_->RegionUsers(1), 0u);
+  EXPECT_EQ(catalog_->RegionUsers(2), 0u);
+  EXPECT_EQ(catalog_->RegionUsers(9), 1u);
 }
 
 TEST_F(CatalogTest, RegionUsersCountsVersionsNotExtents) {

@@ -434,6 +434,36 @@ TEST_F(FerrydTest, NonContiguousObjectIsPulledOverRdmaAndReadBackExactly) {
 
 // Buffers ferryd allocates for an object (an upload, a pull into a new buffer) go with the last
 // version that uses them; regions a client made or registered stay until it deletes them.
+TEST_F(FerrydTest, KeepVersionsFreesTheBuffersOfTheVersionsItDrops) {
+  a_ = std::make_unique<Ferryd>(TempDir("a"), std::vector<std::string>{"--keep-versions", "2"});
+  ASSERT_NO_FATAL_FAILURE(a_->Start());
+  ASSERT_NO_FATAL_FAILURE(StartB());
+  auto c = a_->Client();
+  std::vector<uint64_t> regions;
+  for (uint64_t v = 1; v <= 4; ++v) {
+    auto r = c.Put("/v1/objects/w/data?replace=true", RandomBytes(4096 * v, v), kOctet);
+    ASSERT_EQ(r->status, 201) << r->body;
+    regions.push_back(json::parse(r->body)["extents"][0]["region"].get<uint64_t>());
+  }
+  EXPECT_HTTP_ERROR(c.Get("/v1/objects/w?version=2"), 404, "NOT_FOUND");
+  EXPECT_TRUE(c.Get("/v1/objects/w/data?version=3")->body == RandomBytes(4096 * 3, 3));
+  EXPECT_TRUE(c.Get("/v1/objects/w/data")->body == RandomBytes(4096 * 4, 4));
+  std::vector<uint64_t> listed;
+  const json all = json::parse(c.Get("/v1/regions")->body);
+  for (const auto& r : all["regions"]) listed.push_back(r["id"]);
+  EXPECT_THAT(listed, ::testing::UnorderedElementsAre(regions[2], regions[3]));
+  // A node that keeps every version (the default) pulls them all into buffers of its own.
+  auto cb = b_->Client();
+  for (int i = 0; i < 3; ++i) {
+    auto r = cb.Post("/v1/pulls",
+                     json{{"from", a_->url()}, {"object", "w"}, {"replace", true}}.dump(),
+                     "application/json");
+    ASSERT_EQ(r->status, 200) << r->body;
+  }
+  EXPECT_EQ(json::parse(cb.Get("/v1/regions")->body)["regions"].size(), 3u);
+  EXPECT_EQ(cb.Get("/v1/objects/w?version=1")->status, 200);
+}
+
 TEST_F(FerrydTest, RegionsAllocatedForAnObjectGoWithItsLastVersion) {
   ASSERT_NO_FATAL_FAILURE(StartB());
   auto ca = a_->Client();
