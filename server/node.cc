@@ -411,7 +411,9 @@ absl::Status Node::Upload::Append(const char* data, size_t n) {
     return absl::OutOfRangeError(
         absl::StrCat("more than the ", region_.size, " bytes announced"));
   }
-  if (region_.device.kind != engine::Device::Kind::kCuda) {
+  // Host memory takes the bytes at once, GPU memory in copies of at least kUploadStage.
+  if (region_.device.kind != engine::Device::Kind::kCuda ||
+      (staged_.empty() && n >= kUploadStage)) {
     RETURN_IF_ERROR(node_->CopyIntoRegion(region_.id, written_, data, n));
     written_ += n;
     return absl::OkStatus();

@@ -156,6 +156,33 @@ TEST_F(GpuTest, GpuAndHostMemoryMeetThroughTheStagedPath) {
   EXPECT_TRUE(Read("g-staged") == gpu);
 }
 
+TEST_F(GpuTest, UploadsIntoGpuMemoryReadBackExactly) {
+  std::mt19937_64 rng(6);
+  std::string bytes((9 << 20) + 3, '\0');
+  for (char& ch : bytes) ch = static_cast<char>(rng());
+  auto c = Client(a_);
+  // With a Content-Length the body is copied to the GPU as it arrives, 4 MiB at a time;
+  // chunked, it is read whole and copied at once.
+  auto sized = c.Put(("/v1/objects/up-sized/data?device=" + src_).c_str(), bytes, kOctet);
+  ASSERT_EQ(sized->status, 201) << sized->body;
+  auto chunked = c.Put(
+      ("/v1/objects/up-chunked/data?device=" + src_).c_str(),
+      [&](size_t offset, httplib::DataSink& sink) {
+        const size_t n = std::min<size_t>(1 << 20, bytes.size() - offset);
+        sink.write(bytes.data() + offset, n);
+        if (offset + n == bytes.size()) sink.done();
+        return true;
+      },
+      kOctet);
+  ASSERT_EQ(chunked->status, 201) << chunked->body;
+  for (const char* name : {"up-sized", "up-chunked"}) {
+    SCOPED_TRACE(name);
+    auto d = json::parse(c.Get(("/v1/objects/" + std::string(name)).c_str())->body);
+    EXPECT_EQ(d["devices"], json::array({src_}));
+    EXPECT_TRUE(c.Get(("/v1/objects/" + std::string(name) + "/data").c_str())->body == bytes);
+  }
+}
+
 TEST_F(GpuTest, WhatCannotWorkIsRefusedWithItsReason) {
   ASSERT_FALSE(MakeObject(a_, src_, "g", 4).empty());
   auto c = Client(b_);
