@@ -82,6 +82,11 @@ int main(int argc, char** argv) {
                  "versions kept per object name; older ones, and the buffers ferryd allocated "
                  "for them, go when a new one is published (0: all)")
       ->capture_default_str();
+  uint64_t spare_mb = 0;
+  app.add_option("--spare-mb", spare_mb,
+                 "MiB of freed object buffers kept for the next object of the same size and "
+                 "device (0: none)")
+      ->capture_default_str();
   app.add_option("--staging-slots", options.staging_slots,
                  "slots per staging ring (the staged GPU path)")
       ->capture_default_str();
@@ -90,6 +95,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   options.staging_slot_bytes = slot_kib << 10;
+  options.spare_bytes = spare_mb << 20;
   options.engine.rail_stall_timeout = absl::Milliseconds(stall_ms);
   options.engine.rail_backoff = absl::Milliseconds(backoff_ms);
 

@@ -207,14 +207,26 @@ nlohmann::json Node::Info() const {
   for (int i = 0; i < engine::CudaDeviceCount(); ++i) {
     devices.push_back(engine::Device::Cuda(i).ToString());
   }
+  uint64_t spare = 0;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    spare = spare_total_;
+  }
   return {{"id", id()},           {"version", "0.1.0"},       {"host", engine::HostId()},
-          {"rails", rails},       {"devices", devices},       {"cuda_built", engine::CudaBuilt()}};
+          {"rails", rails},       {"devices", devices},       {"cuda_built", engine::CudaBuilt()},
+          {"spare_bytes", spare}};
 }
 
 absl::StatusOr<RegionInfo> Node::AllocateRegion(engine::Device device, uint64_t size,
                                                 bool for_object) {
   if (size == 0 || size > kMaxRegionSize) {
     return absl::InvalidArgumentError(absl::StrCat("region size must be 1 to ", kMaxRegionSize));
+  }
+  if (for_object) {
+    if (auto spare = TakeSpare(device, size); spare != nullptr) {
+      char* mem = spare.get();
+      return AddRegion(mem, size, device, std::move(spare), true);
+    }
   }
   if (device.kind == engine::Device::Kind::kCuda) {
     ASSIGN_OR_RETURN(void* mem, engine::CudaAlloc(device.index, size));
@@ -282,8 +294,32 @@ absl::Status Node::FreeRegionLocked(std::map<uint64_t, Region>::iterator it, abs
     if (s.code() == absl::StatusCode::kFailedPrecondition) return Conflict(s.message());
     RETURN_IF_ERROR(s);
   }
+  KeepSpareLocked(it->second);
   regions_.erase(it);
   return absl::OkStatus();
+}
+
+void Node::KeepSpareLocked(Region& r) {
+  const uint64_t size = r.info.size;
+  if (!r.info.for_object || r.owned == nullptr || size > options_.spare_bytes) return;
+  while (spare_total_ + size > options_.spare_bytes) {
+    spare_total_ -= spares_.front().size;
+    spares_.pop_front();
+  }
+  spare_total_ += size;
+  spares_.push_back({r.info.device, size, std::move(r.owned)});
+}
+
+std::unique_ptr<char, void (*)(char*)> Node::TakeSpare(engine::Device device, uint64_t size) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = spares_.begin(); it != spares_.end(); ++it) {
+    if (it->size != size || !(it->device == device)) continue;
+    auto memory = std::move(it->memory);
+    spare_total_ -= size;
+    spares_.erase(it);
+    return memory;
+  }
+  return {nullptr, &FreeOwned};
 }
 
 std::vector<RegionInfo> Node::Regions() {

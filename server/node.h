@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -35,6 +36,12 @@ struct NodeOptions {
   // Versions kept per object name (metadata::CatalogOptions::keep_versions); the buffers the
   // node allocated for the ones it drops are freed. 0: every version. Default: 0.
   size_t keep_versions = 0;
+  // Bytes of freed buffers kept for reuse: a buffer the node allocated for an object version
+  // that went is kept (off the rails) for the next upload or pull of the same size into the
+  // same device, which then takes it instead of new memory (the first touch of which costs
+  // most of a pull into a new buffer on a machine whose memory is cold). Oldest go first when
+  // full. 0: none. Default: 0.
+  uint64_t spare_bytes = 0;
   // Deadline of a pull that names none. Default: 60 s.
   absl::Duration pull_timeout = absl::Seconds(60);
   // Bearer token sent with requests this node makes to other nodes. Default: none.
@@ -118,8 +125,10 @@ class Node {
   nlohmann::json Info() const;
   engine::Engine& engine() { return *engine_; }
 
-  // A buffer the node allocates and registers. kInvalidArgument: size 0 or over the limit of
-  // 1 TiB. kUnimplemented: a device this build cannot allocate.
+  // A buffer the node allocates and registers, zeroed; `for_object` (an upload or a pull into
+  // a new buffer, which writes every byte before it publishes) may take a spare instead, not
+  // zeroed. kInvalidArgument: size 0 or over the limit of 1 TiB. kUnimplemented: a device
+  // this build cannot allocate.
   absl::StatusOr<RegionInfo> AllocateRegion(engine::Device device, uint64_t size,
                                             bool for_object = false);
   // The caller's memory, registered until DeleteRegion; the caller keeps it valid till then.
@@ -273,6 +282,11 @@ class Node {
   // reads after `grace` stays there for the end of a later pull (or the next region listing).
   void FreeUnusedLocked(absl::Duration grace = absl::ZeroDuration())
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps the memory of `r` (being freed) as a spare when it is the node's, was allocated for
+  // an object, and fits in NodeOptions::spare_bytes.
+  void KeepSpareLocked(Region& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A spare of exactly `size` bytes on `device`, taken; null when there is none.
+  std::unique_ptr<char, void (*)(char*)> TakeSpare(engine::Device device, uint64_t size);
   // The regions of dropped object versions that the catalog `released`: those the node
   // allocated for objects go to `unused_` and are freed.
   void ReleaseLocked(const std::set<uint64_t>& released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -287,6 +301,14 @@ class Node {
   std::map<uint64_t, Region> regions_ ABSL_GUARDED_BY(mu_);
   // Regions allocated for objects whose last version went.
   std::set<uint64_t> unused_ ABSL_GUARDED_BY(mu_);
+  // Memory of freed object buffers kept for reuse, oldest first (NodeOptions::spare_bytes).
+  struct Spare {
+    engine::Device device;
+    uint64_t size = 0;
+    std::unique_ptr<char, void (*)(char*)> memory{nullptr, nullptr};
+  };
+  std::deque<Spare> spares_ ABSL_GUARDED_BY(mu_);
+  uint64_t spare_total_ ABSL_GUARDED_BY(mu_) = 0;
   int pulls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<StagingPool> staging_;
   engine::CudaIpcCache ipc_cache_;

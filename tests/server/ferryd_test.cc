@@ -452,6 +452,7 @@ TEST_F(FerrydTest, KeepVersionsFreesTheBuffersOfTheVersionsItDrops) {
   const json all = json::parse(c.Get("/v1/regions")->body);
   for (const auto& r : all["regions"]) listed.push_back(r["id"]);
   EXPECT_THAT(listed, ::testing::UnorderedElementsAre(regions[2], regions[3]));
+  EXPECT_EQ(json::parse(c.Get("/v1/node")->body)["spare_bytes"], 0);  // none kept by default
   // A node that keeps every version (the default) pulls them all into buffers of its own.
   auto cb = b_->Client();
   for (int i = 0; i < 3; ++i) {
@@ -462,6 +463,43 @@ TEST_F(FerrydTest, KeepVersionsFreesTheBuffersOfTheVersionsItDrops) {
   }
   EXPECT_EQ(json::parse(cb.Get("/v1/regions")->body)["regions"].size(), 3u);
   EXPECT_EQ(cb.Get("/v1/objects/w?version=1")->status, 200);
+}
+
+TEST_F(FerrydTest, SpareBuffersAreTakenByTheNextObjectOfTheirSizeAndDevice) {
+  a_ = std::make_unique<Ferryd>(
+      TempDir("a"), std::vector<std::string>{"--keep-versions", "1", "--spare-mb", "3"});
+  ASSERT_NO_FATAL_FAILURE(a_->Start());
+  auto c = a_->Client();
+  auto spare = [&] { return json::parse(c.Get("/v1/node")->body)["spare_bytes"].get<uint64_t>(); };
+  auto put = [&](const std::string& name, const std::string& bytes) {
+    auto r = c.Put(("/v1/objects/" + name + "/data?replace=true").c_str(), bytes, kOctet);
+    ASSERT_EQ(r->status, 201) << r->body;
+  };
+  constexpr size_t kMiB = size_t{1} << 20;
+  ASSERT_NO_FATAL_FAILURE(put("w", RandomBytes(kMiB, 1)));
+  EXPECT_EQ(spare(), 0u);
+  ASSERT_NO_FATAL_FAILURE(put("w", RandomBytes(kMiB, 2)));  // drops version 1: a spare
+  EXPECT_EQ(spare(), kMiB);
+  // Version 3 takes version 1's buffer and drops version 2's: still one spare, not two.
+  const std::string v3 = RandomBytes(kMiB, 3);
+  ASSERT_NO_FATAL_FAILURE(put("w", v3));
+  EXPECT_EQ(spare(), kMiB);
+  EXPECT_TRUE(c.Get("/v1/objects/w/data")->body == v3);
+  ASSERT_NO_FATAL_FAILURE(put("x", RandomBytes(2 * kMiB, 4)));  // no spare of its size
+  EXPECT_EQ(spare(), kMiB);
+  ASSERT_EQ(c.Delete("/v1/objects/x")->status, 200);
+  EXPECT_EQ(spare(), 3 * kMiB);
+  ASSERT_EQ(c.Delete("/v1/objects/w")->status, 200);  // full: the oldest spare goes
+  EXPECT_EQ(spare(), 3 * kMiB);
+  const std::string y = RandomBytes(2 * kMiB, 5);
+  ASSERT_NO_FATAL_FAILURE(put("y", y));  // x's buffer
+  EXPECT_EQ(spare(), kMiB);
+  EXPECT_TRUE(c.Get("/v1/objects/y/data")->body == y);
+  EXPECT_EQ(json::parse(c.Get("/v1/regions")->body)["regions"].size(), 1u);
+  // A region asked for by a client is new memory, zeroed, never a spare.
+  auto r = c.Post("/v1/regions", json{{"device", "host"}, {"size", kMiB}}.dump(), "application/json");
+  ASSERT_EQ(r->status, 201) << r->body;
+  EXPECT_EQ(spare(), kMiB);
 }
 
 TEST_F(FerrydTest, RegionsAllocatedForAnObjectGoWithItsLastVersion) {
