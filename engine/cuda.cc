@@ -135,6 +135,15 @@ absl::Status CudaCopy(void* dst, const void* src, size_t bytes) {
 absl::StatusOr<CudaIpcExport> CudaExportIpc(const void* ptr) {
   GetAddressRange range = AddressRangeFn();
   if (range == nullptr) return absl::UnimplementedError("cuMemGetAddressRange is not available");
+  // The driver call below works in the calling thread's current context: make it the
+  // pointer's GPU's, whatever the thread did before (a spare buffer reused by an HTTP thread
+  // that never called cudaSetDevice was "not a CUDA device allocation").
+  cudaPointerAttributes attr{};
+  FERRY_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, ptr), "cudaPointerGetAttributes");
+  if (attr.type != cudaMemoryTypeDevice) {
+    return absl::InvalidArgumentError("not a CUDA device allocation");
+  }
+  FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(attr.device), "cudaSetDevice");
   CUdeviceptr base = 0;
   size_t size = 0;
   if (range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) {
@@ -143,8 +152,6 @@ absl::StatusOr<CudaIpcExport> CudaExportIpc(const void* ptr) {
   cudaIpcMemHandle_t h;
   FERRY_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)),
                              "cudaIpcGetMemHandle");
-  cudaPointerAttributes attr{};
-  FERRY_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, ptr), "cudaPointerGetAttributes");
   cudaDeviceProp prop{};
   FERRY_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, attr.device), "cudaGetDeviceProperties");
   return CudaIpcExport{HexEncode(std::string_view(h.reserved, sizeof(h.reserved))),

@@ -156,6 +156,25 @@ TEST_F(GpuTest, GpuAndHostMemoryMeetThroughTheStagedPath) {
   EXPECT_TRUE(Read("g-staged") == gpu);
 }
 
+TEST_F(GpuTest, NewVersionsPulledOverIpcTakeTheBufferOfTheVersionDropped) {
+  const std::string expect = MakeObject(a_, src_, "g", 7);
+  ASSERT_FALSE(expect.empty());
+  b_.Stop();  // B again, keeping one version and the buffer of the one it drops
+  auto p = testing::StartFerryd(Ferryd(), {"--data-dir", (dir_ / "b2").string(), "--domain", "lo",
+                                           "--rails", "2", "--keep-versions", "1", "--spare-mb", "64"});
+  ASSERT_TRUE(p.ok()) << p.status();
+  b_ = std::move(*p);
+  auto c = Client(b_);
+  for (int i = 1; i <= 3; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(Pull("g", {{"device", dst_}}, "g"), "cuda_ipc");
+    EXPECT_TRUE(Read("g") == expect);
+    // After the second pull the first version's buffer is a spare; the third takes it.
+    EXPECT_EQ(json::parse(c.Get("/v1/node")->body)["spare_bytes"], i == 1 ? 0u : expect.size());
+  }
+  EXPECT_EQ(json::parse(c.Get("/v1/regions")->body)["regions"].size(), 1u);
+}
+
 TEST_F(GpuTest, UploadsIntoGpuMemoryReadBackExactly) {
   std::mt19937_64 rng(6);
   std::string bytes((9 << 20) + 3, '\0');
