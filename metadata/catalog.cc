@@ -1,6 +1,7 @@
 #include "metadata/catalog.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -91,6 +92,21 @@ absl::StatusOr<ObjectRecord> DecodeRecord(const std::string& value) {
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat("catalog: bad record: ", e.what()));
   }
+}
+
+// Adds to `batch` the deletion of `name`'s versions up to `last` (inclusive) and their records
+// to `removed`.
+absl::Status DropVersions(rocksdb::DB& db, rocksdb::ColumnFamilyHandle* objects,
+                          const std::string& name, uint64_t last, rocksdb::WriteBatch& batch,
+                          std::vector<ObjectRecord>& removed) {
+  const std::string end = VersionKey(name, last);
+  std::unique_ptr<rocksdb::Iterator> it(db.NewIterator({}, objects));
+  for (it->Seek(VersionPrefix(name)); it->Valid() && it->key().compare(end) <= 0; it->Next()) {
+    ASSIGN_OR_RETURN(ObjectRecord r, DecodeRecord(it->value().ToString()));
+    removed.push_back(std::move(r));
+    batch.Delete(objects, it->key());
+  }
+  return FromRocksDb(it->status(), "scan versions");
 }
 
 }  // namespace
@@ -228,14 +244,8 @@ absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
   batch.Put(objects_, VersionKey(name, r.version), EncodeRecord(r));
   std::vector<ObjectRecord> removed;
   if (options_.keep_versions > 0 && r.version > options_.keep_versions) {
-    const std::string last = VersionKey(name, r.version - options_.keep_versions);
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}, objects_));
-    for (it->Seek(VersionPrefix(name)); it->Valid() && it->key().compare(last) <= 0; it->Next()) {
-      ASSIGN_OR_RETURN(ObjectRecord old, DecodeRecord(it->value().ToString()));
-      removed.push_back(std::move(old));
-      batch.Delete(objects_, it->key());
-    }
-    RETURN_IF_ERROR(FromRocksDb(it->status(), "scan versions"));
+    RETURN_IF_ERROR(DropVersions(*db_, objects_, name, r.version - options_.keep_versions, batch,
+                                 removed));
   }
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync;
@@ -317,14 +327,8 @@ absl::Status Catalog::Delete(const std::string& name, std::set<uint64_t>* releas
   rocksdb::WriteBatch batch;
   batch.Delete(objects_, LatestKey(name));
   std::vector<ObjectRecord> removed;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}, objects_));
-  const std::string vprefix = VersionPrefix(name);
-  for (it->Seek(vprefix); it->Valid() && it->key().starts_with(vprefix); it->Next()) {
-    ASSIGN_OR_RETURN(ObjectRecord r, DecodeRecord(it->value().ToString()));
-    removed.push_back(std::move(r));
-    batch.Delete(objects_, it->key());
-  }
-  RETURN_IF_ERROR(FromRocksDb(it->status(), "scan versions"));
+  RETURN_IF_ERROR(DropVersions(*db_, objects_, name, std::numeric_limits<uint64_t>::max(), batch,
+                               removed));
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync;
   RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), "delete object"));
