@@ -244,8 +244,7 @@ absl::StatusOr<RegionInfo> Node::RegisterRegion(void* addr, uint64_t size,
 }
 
 absl::StatusOr<RegionInfo> Node::AddRegion(char* addr, uint64_t size, engine::Device device,
-                                           std::unique_ptr<char, void (*)(char*)> owned,
-                                           bool for_object) {
+                                           OwnedMemory owned, bool for_object) {
   engine::CudaIpcExport ipc;
   if (device.kind == engine::Device::Kind::kCuda) {
     RETURN_IF_ERROR(engine::CheckCudaDevice(device.index));
@@ -310,7 +309,7 @@ void Node::KeepSpareLocked(Region& r) {
   spares_.push_back({r.info.device, size, std::move(r.owned)});
 }
 
-std::unique_ptr<char, void (*)(char*)> Node::TakeSpare(engine::Device device, uint64_t size) {
+Node::OwnedMemory Node::TakeSpare(engine::Device device, uint64_t size) {
   absl::MutexLock lock(&mu_);
   for (auto it = spares_.begin(); it != spares_.end(); ++it) {
     if (it->size != size || !(it->device == device)) continue;
@@ -397,7 +396,6 @@ absl::Status Node::Delete(const std::string& name) {
 }
 
 void Node::ReleaseLocked(const std::set<uint64_t>& released) {
-  if (released.empty()) return;
   for (uint64_t id : released) {
     auto it = regions_.find(id);
     if (it != regions_.end() && it->second.info.for_object) unused_.insert(id);

@@ -208,12 +208,14 @@ class Node {
                                  std::optional<PullPath> path = std::nullopt);
 
  private:
+  // Memory the node allocated, with the function that frees it (null: the caller's memory).
+  using OwnedMemory = std::unique_ptr<char, void (*)(char*)>;
   struct Region {
     RegionInfo info;
     char* addr = nullptr;
     engine::RegionId engine_id = 0;  // 0: not on the rails (GPU memory the provider lacks)
     engine::CudaIpcExport ipc;       // GPU memory: how processes on this host map it
-    std::unique_ptr<char, void (*)(char*)> owned{nullptr, nullptr};
+    OwnedMemory owned{nullptr, nullptr};
   };
   // Credits of one staged pull this node serves: per destination slot, the last chunk the
   // destination has copied out of it.
@@ -272,8 +274,7 @@ class Node {
                              StagingRing& ring, uint32_t tag, engine::PeerId source,
                              absl::Time deadline, const std::atomic<bool>* stop);
   absl::StatusOr<RegionInfo> AddRegion(char* addr, uint64_t size, engine::Device device,
-                                       std::unique_ptr<char, void (*)(char*)> owned,
-                                       bool for_object);
+                                       OwnedMemory owned, bool for_object);
   // Deregisters the region from the rails (waiting until `deadline` for a transfer to let go
   // of it; kFailedPrecondition as a 409 if none does) and frees it.
   absl::Status FreeRegionLocked(std::map<uint64_t, Region>::iterator it, absl::Time deadline)
@@ -286,7 +287,7 @@ class Node {
   // an object, and fits in NodeOptions::spare_bytes.
   void KeepSpareLocked(Region& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A spare of exactly `size` bytes on `device`, taken; null when there is none.
-  std::unique_ptr<char, void (*)(char*)> TakeSpare(engine::Device device, uint64_t size);
+  OwnedMemory TakeSpare(engine::Device device, uint64_t size);
   // The regions of dropped object versions that the catalog `released`: those the node
   // allocated for objects go to `unused_` and are freed.
   void ReleaseLocked(const std::set<uint64_t>& released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -305,7 +306,7 @@ class Node {
   struct Spare {
     engine::Device device;
     uint64_t size = 0;
-    std::unique_ptr<char, void (*)(char*)> memory{nullptr, nullptr};
+    OwnedMemory memory{nullptr, nullptr};
   };
   std::deque<Spare> spares_ ABSL_GUARDED_BY(mu_);
   uint64_t spare_total_ ABSL_GUARDED_BY(mu_) = 0;
