@@ -4,6 +4,7 @@
 
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/status.h"
@@ -132,6 +133,72 @@ absl::StatusOr<UploadTarget> UploadTargetOf(const httplib::Request& req) {
   return to;
 }
 
+bool Authorized(const std::string& token, const httplib::Request& req) {
+  return token.empty() || req.path == "/v1/health" ||
+         req.get_header_value("Authorization") == "Bearer " + token;
+}
+
+absl::Status Unauthenticated() {
+  return absl::UnauthenticatedError("missing or wrong bearer token");
+}
+
+// Whether a body follows the headers. Without Content-Length or chunked encoding a request
+// has none (RFC 9112, 6.3), where httplib would read until the client closes.
+bool HasBody(const httplib::Request& req) {
+  return absl::EqualsIgnoreCase(req.get_header_value("Transfer-Encoding"), "chunked") ||
+         req.has_header("Content-Length");
+}
+
+// Reads the rest of the body and drops it.
+void DropBody(const httplib::Request& req, const httplib::ContentReader& read) {
+  if (!HasBody(req)) return;
+  if (req.is_multipart_form_data()) {
+    read([](const httplib::MultipartFormData&) { return true; },
+         [](const char*, size_t) { return true; });
+  } else {
+    read([](const char*, size_t) { return true; });
+  }
+}
+
+// Every route of a method that may carry a body (POST, PUT, DELETE) is registered through
+// this: httplib hands such a route the body unread, and a request without the token has it
+// read to its end and dropped before the 401, so that the connection stays usable (httplib
+// refusing it before routing would leave the body to be read as the next request).
+httplib::Server::HandlerWithContentReader Guarded(const HttpOptions& options,
+                                                   httplib::Server::HandlerWithContentReader h) {
+  return [token = options.token, h = std::move(h)](const httplib::Request& req,
+                                                   httplib::Response& res,
+                                                   const httplib::ContentReader& read) {
+    if (!Authorized(token, req)) {
+      DropBody(req, read);
+      return WriteError(res, Unauthenticated());
+    }
+    h(req, res, read);
+  };
+}
+
+// A handler that takes its request with the body read whole, as httplib would have read it.
+httplib::Server::HandlerWithContentReader Whole(httplib::Server::Handler h) {
+  return [h = std::move(h)](const httplib::Request& req, httplib::Response& res,
+                            const httplib::ContentReader& read) {
+    if (req.is_multipart_form_data()) {
+      DropBody(req, read);
+      return WriteError(res, absl::InvalidArgumentError(
+                                 "multipart/form-data is not taken here: send the bytes as they are"));
+    }
+    httplib::Request whole = req;
+    if (HasBody(req) && !read([&whole](const char* data, size_t n) {
+          whole.body.append(data, n);
+          return true;
+        })) {
+      return WriteError(res, res.status == 413
+                                 ? TooLarge("request body over the limit")
+                                 : absl::InvalidArgumentError("the body ended early"));
+    }
+    h(whole, res);
+  };
+}
+
 // PUT /v1/objects/{name}/data with a Content-Length: the bytes go into the object's new
 // buffer as they arrive, never whole in memory besides. The body is read to its end even when
 // the request is refused, so that the connection stays usable.
@@ -208,12 +275,13 @@ void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res
 
 void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& options) {
   server.set_payload_max_length(options.max_body);
+  // Requests of the methods with bodies are checked by their routes (Guarded).
   server.set_pre_routing_handler([options](const httplib::Request& req, httplib::Response& res) {
-    if (options.token.empty() || req.path == "/v1/health") return httplib::Server::HandlerResponse::Unhandled;
-    if (req.get_header_value("Authorization") == "Bearer " + options.token) {
+    const std::string& m = req.method;
+    if (Authorized(options.token, req) || m == "POST" || m == "PUT" || m == "DELETE") {
       return httplib::Server::HandlerResponse::Unhandled;
     }
-    WriteError(res, absl::UnauthenticatedError("missing or wrong bearer token"));
+    WriteError(res, Unauthenticated());
     return httplib::Server::HandlerResponse::Handled;
   });
   // Answers httplib produces itself (413 for a body over the limit, 404 for no route) get
@@ -238,7 +306,8 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
   server.Get("/v1/node", [&node](const httplib::Request&, httplib::Response& res) {
     WriteJson(res, node.Info());
   });
-  server.Post("/v1/regions", [&node](const httplib::Request& req, httplib::Response& res) {
+  server.Post("/v1/regions", Guarded(options, Whole([&node](const httplib::Request& req,
+                                                            httplib::Response& res) {
     auto body = ParseBody(req);
     if (!body.ok()) return WriteError(res, body.status());
     if (body->contains("device") && !(*body)["device"].is_string()) {
@@ -252,14 +321,14 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
     auto dev = engine::Device::Parse(device);
     if (!dev.ok()) return WriteError(res, dev.status());
     WriteResponse(res, node.AllocateRegion(*dev, size->get<uint64_t>()), 201);
-  });
+  })));
   server.Get("/v1/regions", [&node](const httplib::Request&, httplib::Response& res) {
     nlohmann::json out = nlohmann::json::array();
     for (const RegionInfo& r : node.Regions()) out.push_back(ToJson(r));
     WriteJson(res, {{"regions", out}});
   });
-  server.Delete(R"(/v1/regions/(\d+))", [&node](const httplib::Request& req,
-                                               httplib::Response& res) {
+  server.Delete(R"(/v1/regions/(\d+))", Guarded(options, Whole([&node](const httplib::Request& req,
+                                                                     httplib::Response& res) {
     uint64_t id;
     if (!absl::SimpleAtoi(req.matches[1].str(), &id)) {
       return WriteError(res, absl::InvalidArgumentError("bad region id"));
@@ -267,7 +336,7 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
     absl::Status s = node.DeleteRegion(id);
     if (!s.ok()) return WriteError(res, s);
     WriteJson(res, {{"deleted", id}});
-  });
+  })));
   server.Get("/v1/objects", [&node](const httplib::Request& req, httplib::Response& res) {
     size_t limit = 100;
     if (req.has_param("limit") &&
@@ -281,7 +350,8 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
     for (const ObjectView& o : *objects) out.push_back(ToJson(o));
     WriteJson(res, {{"objects", out}});
   });
-  server.Post("/v1/pulls", [&node](const httplib::Request& req, httplib::Response& res) {
+  server.Post("/v1/pulls", Guarded(options, Whole([&node](const httplib::Request& req,
+                                                          httplib::Response& res) {
     auto body = ParseBody(req);
     if (!body.ok()) return WriteError(res, body.status());
     auto from = body->find("from");
@@ -315,38 +385,34 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
     }
     WriteResponse(res, node.Pull(from->get<std::string>(), object->get<std::string>(), version,
                                  into, as, replace, path));
-  });
+  })));
   auto objects = [&node](const httplib::Request& req, httplib::Response& res) {
     ObjectRoute(node, req, res);
   };
   server.Get("/v1/objects/(.+)", objects);
   // httplib hands every PUT here to this handler with the body still unread.
-  server.Put("/v1/objects/(.+)", [&node, max_body = options.max_body](
-                                     const httplib::Request& req, httplib::Response& res,
-                                     const httplib::ContentReader& read) {
-    if (req.is_multipart_form_data()) {
-      read([](const httplib::MultipartFormData&) { return true; },
-           [](const char*, size_t) { return true; });
-      return WriteError(res, absl::InvalidArgumentError(
-                                 "multipart/form-data is not taken here: send the bytes as they are"));
-    }
-    auto target = ParseObjectTarget(req);
-    if (target.ok() && target->action == "data" && req.has_header("Content-Length")) {
-      return PutDataAsItArrives(node, target->name, req, res, read, max_body);
-    }
-    httplib::Request whole = req;  // the rest take their body whole, as httplib would read it
-    if (!read([&whole](const char* data, size_t n) {
-          whole.body.append(data, n);
-          return true;
-        })) {
-      return WriteError(res, res.status == 413
-                                 ? TooLarge("request body over the limit")
-                                 : absl::InvalidArgumentError("the body ended early"));
-    }
-    ObjectRoute(node, whole, res);
+  server.Put("/v1/objects/(.+)",
+             Guarded(options, [&node, max_body = options.max_body, whole = Whole(objects)](
+                                  const httplib::Request& req, httplib::Response& res,
+                                  const httplib::ContentReader& read) {
+               auto target = ParseObjectTarget(req);
+               if (target.ok() && target->action == "data" && !req.is_multipart_form_data() &&
+                   req.has_header("Content-Length")) {
+                 return PutDataAsItArrives(node, target->name, req, res, read, max_body);
+               }
+               whole(req, res, read);
+             }));
+  server.Delete("/v1/objects/(.+)", Guarded(options, Whole(objects)));
+  server.Post("/v1/objects/(.+)", Guarded(options, Whole(objects)));
+  // The rest of those methods' paths: the body dropped, then 404 (or 401 without the token).
+  const auto no_route = Guarded(options, [](const httplib::Request& req, httplib::Response& res,
+                                            const httplib::ContentReader& read) {
+    DropBody(req, read);
+    WriteError(res, absl::NotFoundError("no such route"));
   });
-  server.Delete("/v1/objects/(.+)", objects);
-  server.Post("/v1/objects/(.+)", objects);
+  server.Post(".*", no_route);
+  server.Put(".*", no_route);
+  server.Delete(".*", no_route);
 }
 
 }  // namespace ferry::server
