@@ -85,7 +85,8 @@ absl::StatusOr<ObjectTarget> ParseObjectTarget(const httplib::Request& req) {
 }
 
 // GET /v1/objects/{name}/data. cpp-httplib applies Range headers itself (206, 416) and asks
-// the provider only for the bytes it sends, in pieces of at most 1 MiB.
+// the provider only for the bytes it sends; they go through one buffer per request (pinned
+// for a GPU object), a piece at a time.
 void GetData(Node& node, const std::string& name, const httplib::Request& req,
              httplib::Response& res) {
   auto version = VersionParam(req);
@@ -107,14 +108,17 @@ void GetData(Node& node, const std::string& name, const httplib::Request& req,
       return;
     }
   }
+  auto buffer = node.ReadBuffer(*obj);
+  if (!buffer.ok()) return WriteError(res, buffer.status());
   res.set_header("X-Ferry-Version", std::to_string(obj->record.version));
   res.set_content_provider(
       obj->record.size, "application/octet-stream",
-      [&node, record = obj->record](size_t offset, size_t length, httplib::DataSink& sink) {
-        std::string chunk;
-        const uint64_t n = std::min<uint64_t>(length, uint64_t{1} << 20);
-        if (!node.ReadData(record, offset, n, &chunk).ok()) return false;
-        return sink.write(chunk.data(), chunk.size());
+      [&node, record = obj->record,
+       piece = std::shared_ptr<char>(buffer->release(), buffer->get_deleter())](
+          size_t offset, size_t length, httplib::DataSink& sink) {
+        const uint64_t n = std::min<uint64_t>(length, PinnedStages::kBytes);
+        if (!node.ReadData(record, offset, n, piece.get()).ok()) return false;
+        return sink.write(piece.get(), n);
       });
 }
 

@@ -420,10 +420,6 @@ void Node::FreeUnusedLocked(absl::Duration grace) {
   }
 }
 
-// Bytes of an upload into GPU memory gathered in host memory for one copy to the device
-// (cpp-httplib hands a body over in pieces of 4 KiB).
-constexpr size_t kUploadStage = size_t{4} << 20;
-
 absl::StatusOr<std::unique_ptr<Node::Upload>> Node::BeginUpload(const std::string& name,
                                                                 uint64_t size, bool replace,
                                                                 engine::Device device) {
@@ -445,23 +441,32 @@ absl::Status Node::Upload::Append(const char* data, size_t n) {
     return absl::OutOfRangeError(
         absl::StrCat("more than the ", region_.size, " bytes announced"));
   }
-  // Host memory takes the bytes at once, GPU memory in copies of at least kUploadStage.
-  if (region_.device.kind != engine::Device::Kind::kCuda ||
-      (staged_.empty() && n >= kUploadStage)) {
+  // Host memory takes the bytes at once; GPU memory in copies of a whole pinned stage
+  // (cpp-httplib hands a body over in pieces of 4 KiB).
+  if (region_.device.kind != engine::Device::Kind::kCuda) {
     RETURN_IF_ERROR(node_->CopyIntoRegion(region_.id, written_, data, n));
     written_ += n;
     return absl::OkStatus();
   }
-  staged_.append(data, n);
-  written_ += n;
-  return staged_.size() >= kUploadStage ? Flush() : absl::OkStatus();
+  if (!stage_) {
+    ASSIGN_OR_RETURN(stage_, node_->stages_.Take());
+  }
+  while (n > 0) {
+    const size_t take = std::min(n, PinnedStages::kBytes - staged_);
+    std::memcpy(stage_.get() + staged_, data, take);
+    staged_ += take;
+    written_ += take;
+    data += take;
+    n -= take;
+    if (staged_ == PinnedStages::kBytes) RETURN_IF_ERROR(Flush());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Node::Upload::Flush() {
-  if (staged_.empty()) return absl::OkStatus();
-  RETURN_IF_ERROR(node_->CopyIntoRegion(region_.id, written_ - staged_.size(), staged_.data(),
-                                        staged_.size()));
-  staged_.clear();
+  if (staged_ == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(node_->CopyIntoRegion(region_.id, written_ - staged_, stage_.get(), staged_));
+  staged_ = 0;
   return absl::OkStatus();
 }
 
@@ -495,7 +500,7 @@ absl::Status Node::CopyIntoRegion(uint64_t id, uint64_t offset, const char* src,
 }
 
 absl::Status Node::ReadData(const metadata::ObjectRecord& object, uint64_t offset,
-                            uint64_t length, std::string* out) const {
+                            uint64_t length, char* out) const {
   if (!engine::InBounds(offset, length, object.size)) {
     return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", +", length,
                                               ") are past the end of ", object.size));
@@ -506,13 +511,22 @@ absl::Status Node::ReadData(const metadata::ObjectRecord& object, uint64_t offse
                                  "' is detached: its regions are not registered"));
   }
   ASSIGN_OR_RETURN(std::vector<Span> spans, SpansOf(object.extents));
-  size_t at = out->size();
-  out->resize(at + length);
   for (const Span& s : Slice(spans, offset, length)) {
-    RETURN_IF_ERROR(CopyBytes(out->data() + at, s.ptr, s.length, s.device));
-    at += s.length;
+    RETURN_IF_ERROR(CopyBytes(out, s.ptr, s.length, s.device));
+    out += s.length;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<PinnedStages::Buffer> Node::ReadBuffer(const ObjectView& object) {
+  if (std::any_of(object.devices.begin(), object.devices.end(), [](const engine::Device& d) {
+        return d.kind == engine::Device::Kind::kCuda;
+      })) {
+    return stages_.Take();
+  }
+  char* p = static_cast<char*>(std::malloc(PinnedStages::kBytes));
+  if (p == nullptr) return absl::ResourceExhaustedError("out of memory for a read buffer");
+  return PinnedStages::Buffer(p, [](char* b) { std::free(b); });
 }
 
 absl::StatusOr<std::vector<Span>> Node::SpansOf(

@@ -168,7 +168,7 @@ class Node {
     friend class Node;
     Upload(Node* node, std::string name, RegionInfo region, bool replace)
         : node_(node), name_(std::move(name)), region_(std::move(region)), replace_(replace) {}
-    // GPU memory: the bytes staged in host memory since the last copy go to the device.
+    // GPU memory: the bytes staged in pinned memory since the last copy go to the device.
     absl::Status Flush();
 
     Node* node_;
@@ -176,7 +176,8 @@ class Node {
     RegionInfo region_;
     bool replace_;
     uint64_t written_ = 0;  // bytes appended, staged ones included
-    std::string staged_;
+    PinnedStages::Buffer stage_;  // GPU memory: taken at the first Append
+    size_t staged_ = 0;           // bytes in stage_ not yet copied to the device
     bool published_ = false;
   };
   // Allocates `size` bytes on `device` for an upload of `name`. kInvalidArgument: a bad name,
@@ -186,10 +187,13 @@ class Node {
   // BeginUpload, Append, Finish with `bytes`.
   absl::StatusOr<ObjectView> PutData(const std::string& name, std::string_view bytes,
                                      bool replace, engine::Device device = engine::Device::Host());
-  // Copies bytes [offset, offset + length) of the object into `out` (appended).
+  // Copies bytes [offset, offset + length) of the object to `out`.
   // kFailedPrecondition (409): detached. kOutOfRange: past the end.
   absl::Status ReadData(const metadata::ObjectRecord& object, uint64_t offset, uint64_t length,
-                        std::string* out) const;
+                        char* out) const;
+  // A buffer of PinnedStages::kBytes to read `object` through with ReadData: pinned when any
+  // of it is on a GPU.
+  absl::StatusOr<PinnedStages::Buffer> ReadBuffer(const ObjectView& object);
 
   // Source side of a pull: `request` is the body of POST /v1/objects/{name}/pull (see
   // README, "HTTP API"). kInvalidArgument: anything malformed, sizes that differ, overlapping
@@ -312,6 +316,7 @@ class Node {
   uint64_t spare_total_ ABSL_GUARDED_BY(mu_) = 0;
   int pulls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<StagingPool> staging_;
+  PinnedStages stages_;  // REST reads and writes of GPU objects
   engine::CudaIpcCache ipc_cache_;
   std::atomic<uint32_t> next_tag_{1};
   absl::Mutex credits_mu_;

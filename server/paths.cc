@@ -146,4 +146,31 @@ absl::StatusOr<std::shared_ptr<StagingRing>> StagingPool::Acquire() {
   });
 }
 
+PinnedStages::~PinnedStages() {
+  for (char* p : free_) engine::CudaHostFree(p);
+}
+
+absl::StatusOr<PinnedStages::Buffer> PinnedStages::Take() {
+  char* p = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!free_.empty()) {
+      p = free_.back();
+      free_.pop_back();
+    }
+  }
+  if (p == nullptr) {
+    ASSIGN_OR_RETURN(void* mem, engine::CudaHostAlloc(kBytes));
+    p = static_cast<char*>(mem);
+  }
+  return Buffer(p, [this](char* b) {
+    absl::MutexLock lock(&mu_);
+    if (free_.size() < kKeep) {
+      free_.push_back(b);
+    } else {
+      engine::CudaHostFree(b);
+    }
+  });
+}
+
 }  // namespace ferry::server

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -130,6 +131,23 @@ class StagingPool {
   const uint64_t slot_bytes_;
   absl::Mutex mu_;
   std::vector<std::unique_ptr<StagingRing>> free_ ABSL_GUARDED_BY(mu_);
+};
+
+// Pinned host buffers of kBytes through which the REST paths copy to and from GPU memory (the
+// copy engines then read or write them directly, where pageable memory makes the driver stage
+// it itself), kept for reuse: pinning costs milliseconds. Thread-safe.
+class PinnedStages {
+ public:
+  static constexpr size_t kBytes = size_t{4} << 20;
+  using Buffer = std::unique_ptr<char, std::function<void(char*)>>;
+  ~PinnedStages();
+  // A buffer of kBytes that comes back here when it goes. kUnimplemented without CUDA.
+  absl::StatusOr<Buffer> Take();
+
+ private:
+  static constexpr size_t kKeep = 8;  // idle buffers kept
+  absl::Mutex mu_;
+  std::vector<char*> free_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::server
