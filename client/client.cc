@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -84,18 +86,34 @@ absl::Status Client::Health() {
 absl::StatusOr<ObjectInfo> Client::Put(const std::string& name, std::string_view data,
                                        bool replace, const Progress& progress,
                                        const std::string& device) {
+  return Put(
+      name, data.size(),
+      [data](uint64_t offset, char* out, size_t n) {
+        std::memcpy(out, data.data() + offset, n);
+        return absl::OkStatus();
+      },
+      replace, progress, device);
+}
+
+absl::StatusOr<ObjectInfo> Client::Put(const std::string& name, uint64_t size,
+                                       const Source& source, bool replace,
+                                       const Progress& progress, const std::string& device) {
   const std::string path = "/v1/objects/" + EncodeName(name) + "/data?device=" + device +
                            (replace ? "&replace=true" : "");
-  const size_t total = data.size();
+  std::string piece;
+  absl::Status read = absl::OkStatus();
   auto r = impl_->http.Put(
-      path.c_str(), total,
-      [data, &progress, total](size_t offset, size_t length, httplib::DataSink& sink) {
+      path.c_str(), size,
+      [&](size_t offset, size_t length, httplib::DataSink& sink) {
         const size_t n = std::min<size_t>(length, size_t{4} << 20);
-        if (!sink.write(data.data() + offset, n)) return false;
-        if (progress) progress(offset + n, total);
+        piece.resize(n);
+        read = source(offset, piece.data(), n);
+        if (!read.ok() || !sink.write(piece.data(), n)) return false;
+        if (progress) progress(offset + n, size);
         return true;
       },
       "application/octet-stream");
+  RETURN_IF_ERROR(read);
   ASSIGN_OR_RETURN(auto j, JsonBody(r, impl_->url));
   return InfoFromJson(j);
 }

@@ -1,10 +1,11 @@
 // ferry: the command-line client. See --help.
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -45,49 +46,57 @@ void Rate(const char* verb, uint64_t bytes, double seconds) {
                seconds > 0 ? static_cast<double>(bytes) / seconds / 1e6 : 0.0);
 }
 
-// A file's bytes for `ferry put`: a regular file is mapped, not read into memory first (a
-// model's weights may be most of the machine's memory); anything else (a pipe) is read whole.
+// A file's bytes for `ferry put`: a regular file is read as the upload goes (a model's weights
+// may be most of the machine's memory), anything else (a pipe) is read whole first.
 class InputFile {
  public:
-  explicit InputFile(const std::string& path) {
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return;
+  explicit InputFile(std::string path) : path_(std::move(path)) {
+    fd_ = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     struct stat st = {};
-    if (fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
-      close(fd);
+    if (fd_ < 0 || fstat(fd_, &st) != 0 || S_ISDIR(st.st_mode)) return;
+    if (S_ISREG(st.st_mode)) {
+      size_ = static_cast<uint64_t>(st.st_size);
+      ok_ = true;
+      posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
       return;
     }
-    if (!S_ISREG(st.st_mode)) {
-      char buf[1 << 16];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof(buf))) > 0) read_.append(buf, static_cast<size_t>(n));
-      ok_ = n == 0;
-      bytes_ = read_;
-    } else if (st.st_size > 0) {
-      void* p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-      if (p != MAP_FAILED) {
-        ok_ = mapped_ = true;
-        bytes_ = {static_cast<const char*>(p), static_cast<size_t>(st.st_size)};
-        madvise(p, bytes_.size(), MADV_SEQUENTIAL);
-      }
-    } else {
-      ok_ = true;  // empty: the node says what it thinks of that
-    }
-    close(fd);
+    char buf[1 << 16];
+    ssize_t n;
+    while ((n = read(fd_, buf, sizeof(buf))) > 0) whole_.append(buf, static_cast<size_t>(n));
+    ok_ = n == 0;
+    size_ = whole_.size();
   }
   ~InputFile() {
-    if (mapped_) munmap(const_cast<char*>(bytes_.data()), bytes_.size());
+    if (fd_ >= 0) close(fd_);
   }
   InputFile(const InputFile&) = delete;
   InputFile& operator=(const InputFile&) = delete;
   bool ok() const { return ok_; }
-  std::string_view bytes() const { return bytes_; }
+  uint64_t size() const { return size_; }
+  // The n bytes at offset. kDataLoss: the file got shorter since it was opened.
+  absl::Status Read(uint64_t offset, char* out, size_t n) const {
+    if (offset + n <= whole_.size()) {
+      std::memcpy(out, whole_.data() + offset, n);
+      return absl::OkStatus();
+    }
+    while (n > 0) {
+      const ssize_t got = pread(fd_, out, n, static_cast<off_t>(offset));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) return absl::ErrnoToStatus(errno, "reading " + path_);
+      if (got == 0) return absl::DataLossError(path_ + " got shorter while it was read");
+      out += got;
+      offset += static_cast<uint64_t>(got);
+      n -= static_cast<size_t>(got);
+    }
+    return absl::OkStatus();
+  }
 
  private:
+  std::string path_;
+  int fd_ = -1;
   bool ok_ = false;
-  bool mapped_ = false;
-  std::string read_;
-  std::string_view bytes_;
+  uint64_t size_ = 0;
+  std::string whole_;  // a pipe's bytes
 };
 
 int Fail(const absl::Status& s) {
@@ -169,10 +178,12 @@ int main(int argc, char** argv) {
   if (*put) {
     const InputFile in(file);
     if (!in.ok()) return Fail(absl::NotFoundError("cannot read " + file));
-    const std::string_view data = in.bytes();
-    auto r = c.Put(name, data, replace, ProgressLine("put"), device);
+    auto r = c.Put(
+        name, in.size(),
+        [&in](uint64_t offset, char* out, size_t n) { return in.Read(offset, out, n); }, replace,
+        ProgressLine("put"), device);
     if (!r.ok()) return Fail(r.status());
-    Rate("put", data.size(), absl::ToDoubleSeconds(absl::Now() - start));
+    Rate("put", in.size(), absl::ToDoubleSeconds(absl::Now() - start));
     std::printf("%s version %llu, %llu bytes\n", r->name.c_str(),
                 static_cast<unsigned long long>(r->version), static_cast<unsigned long long>(r->size));
   } else if (*get) {

@@ -1,17 +1,21 @@
 // The ferry CLI against real ferryd processes: every command, its output and exit codes.
 #include <gmock/gmock.h>
+#include <httplib.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 
 #include "engine/cuda.h"
+#include "ferry/client.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/ferryd_process.h"
 #include "tests/testing/subprocess.h"
@@ -59,7 +63,7 @@ TEST(CliTest, PutGetLsStatPullRmWithExitCodes) {
   EXPECT_EQ(Ferry({"--node", a.url, "put", "cli/obj", (dir / "in.bin").string()}).first, 4);
   EXPECT_EQ(Ferry({"--node", a.url, "put", "cli/obj", (dir / "missing.bin").string()}).first, 3);
   EXPECT_EQ(Ferry({"--node", a.url, "put", "cli/dir", dir.string()}).first, 3);
-  // A regular file is mapped; a pipe is read to its end.
+  // A regular file is read as the upload goes; a pipe is read to its end first.
   ASSERT_EQ(mkfifo((dir / "pipe").c_str(), 0600), 0);
   const std::string piped = data.substr(5, 1 << 20);
   std::thread writer([&] { std::ofstream(dir / "pipe", std::ios::binary) << piped; });
@@ -100,6 +104,49 @@ TEST(CliTest, PutGetLsStatPullRmWithExitCodes) {
   EXPECT_EQ(Ferry({"--node", "not-a-url", "ls"}).first, 1);
   EXPECT_EQ(a.Stop(), 0);
   EXPECT_EQ(b.Stop(), 0);
+  std::filesystem::remove_all(dir);
+}
+
+// A Put whose source fails part way (a file that got shorter): the node publishes nothing and
+// frees the buffer it had taken, Put returns the source's error, and the client goes on.
+TEST(ClientTest, PutFromASourceThatFailsPublishesNothing) {
+  const auto dir = std::filesystem::temp_directory_path() / ("ferry-client-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  testing::FerrydProcess a = StartFerryd(dir);
+  ASSERT_TRUE(a.proc);
+  auto c = Client::Connect(a.url);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const uint64_t size = 16 << 20;
+  uint64_t asked = 0;
+  auto failing = [&](uint64_t offset, char* out, size_t n) {
+    if (offset >= 6 << 20) return absl::DataLossError("w.bin got shorter while it was read");
+    std::memset(out, 7, n);
+    asked = offset + n;
+    return absl::OkStatus();
+  };
+  auto r = (*c)->Put("w", size, failing);
+  EXPECT_EQ(r.status(), absl::DataLossError("w.bin got shorter while it was read"));
+  EXPECT_GE(asked, uint64_t{6} << 20);
+  auto regions = [&] {
+    auto got = httplib::Client(a.url).Get("/v1/regions");
+    return got ? nlohmann::json::parse(got->body)["regions"].size() : size_t{999};
+  };
+  for (int i = 0; i < 100 && regions() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(regions(), 0u);
+  EXPECT_EQ((*c)->Stat("w").status().code(), absl::StatusCode::kNotFound);
+  auto whole = (*c)->Put("w", size, [](uint64_t offset, char* out, size_t n) {
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<char>((offset + i) % 251);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  std::ostringstream back;
+  ASSERT_TRUE((*c)->Get("w", back).ok());
+  const std::string got = back.str();
+  ASSERT_EQ(got.size(), size);
+  for (uint64_t i = 0; i < size; i += 4099) ASSERT_EQ(got[i], static_cast<char>(i % 251)) << i;
+  EXPECT_EQ(a.Stop(), 0);
   std::filesystem::remove_all(dir);
 }
 

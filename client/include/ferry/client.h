@@ -56,6 +56,14 @@ class Client {
   absl::StatusOr<ObjectInfo> Put(const std::string& name, std::string_view data,
                                  bool replace = false, const Progress& progress = nullptr,
                                  const std::string& device = "host");
+  // Where the bytes of a Put come from when they are not in memory (a file): fills `out` with
+  // the `n` bytes at `offset`, or says why it cannot.
+  using Source = std::function<absl::Status(uint64_t offset, char* out, size_t n)>;
+  // Uploads `size` bytes read from `source` in order, a few MiB at a time. An error of
+  // `source` ends the upload: the node publishes nothing, and Put returns that error.
+  absl::StatusOr<ObjectInfo> Put(const std::string& name, uint64_t size, const Source& source,
+                                 bool replace = false, const Progress& progress = nullptr,
+                                 const std::string& device = "host");
   absl::Status Get(const std::string& name, std::ostream& out,
                    std::optional<uint64_t> version = std::nullopt,
                    const Progress& progress = nullptr);
