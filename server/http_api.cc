@@ -408,11 +408,12 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
              }));
   server.Delete("/v1/objects/(.+)", Guarded(options, Whole(objects)));
   server.Post("/v1/objects/(.+)", Guarded(options, Whole(objects)));
-  // The rest of those methods' paths: the body dropped, then 404 (or 401 without the token).
+  // The rest of those methods' paths: the body dropped, then the error handler's 404 (or 401
+  // without the token).
   const auto no_route = Guarded(options, [](const httplib::Request& req, httplib::Response& res,
                                             const httplib::ContentReader& read) {
     DropBody(req, read);
-    WriteError(res, absl::NotFoundError("no such route"));
+    res.status = 404;
   });
   server.Post(".*", no_route);
   server.Put(".*", no_route);
