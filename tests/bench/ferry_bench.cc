@@ -146,7 +146,7 @@ class EngineSession {
  public:
   static absl::StatusOr<std::unique_ptr<EngineSession>> Start(
       const EngineFlags& f, const nlohmann::json& hello, size_t rails,
-      const std::vector<engine::PlannedWrite>& writes, char* src) {
+      const std::vector<std::vector<engine::PlannedWrite>>& transfers, char* src) {
     std::unique_ptr<EngineSession> s(new EngineSession());
     engine::EngineOptions o;
     o.provider = f.provider;
@@ -163,23 +163,27 @@ class EngineSession {
     ASSIGN_OR_RETURN(s->engine_, engine::Engine::Create(o));
     ASSIGN_OR_RETURN(s->region_, s->engine_->RegisterMemory(src, f.total, engine::Device::Host()));
     ASSIGN_OR_RETURN(engine::PeerAddress address, testing::AddressFromJson(hello["address"]));
-    ASSIGN_OR_RETURN(s->req_.peer,
+    ASSIGN_OR_RETURN(engine::PeerId peer,
                      s->engine_->AddPeer(address, absl::Now() + absl::Seconds(30)));
     ASSIGN_OR_RETURN(engine::RegionDescriptor dst,
                      engine::RegionDescriptorFromJson(hello["region"]));
-    s->req_.dst_regions = {dst};
-    for (const engine::PlannedWrite& w : writes) {
-      s->req_.src.push_back({s->region_, w.src_offset, w.length});
-      s->req_.dst.push_back({0, w.dst_offset, w.length});
+    for (const auto& writes : transfers) {
+      engine::TransferRequest& req = s->reqs_.emplace_back();
+      req.peer = peer;
+      req.dst_regions = {dst};
+      for (const engine::PlannedWrite& w : writes) {
+        req.src.push_back({s->region_, w.src_offset, w.length});
+        req.dst.push_back({0, w.dst_offset, w.length});
+      }
     }
     return s;
   }
   ~EngineSession() { IgnoreError(engine_->DeregisterMemory(region_)); }
-  // Seconds from submission to completion of one transfer. The peer is told WRITEs are
+  // Seconds from submission to completion of transfer `which`. The peer is told WRITEs are
   // coming (Engine::KeepAwake), as a pulling destination knows; the raw target is told too.
-  absl::StatusOr<double> Run(testing::Subprocess& peer) {
+  absl::StatusOr<double> Run(testing::Subprocess& peer, size_t which = 0) {
     RETURN_IF_ERROR(peer.Call({{"cmd", "awake"}}).status());
-    engine::TransferRequest r = req_;
+    engine::TransferRequest r = reqs_[which];
     r.deadline = absl::Now() + absl::Seconds(300);
     const absl::Time start = absl::Now();
     auto stats = engine_->Write(std::move(r));
@@ -190,7 +194,7 @@ class EngineSession {
     writes_ = stats->writes;
     return secs;
   }
-  const engine::TransferRequest& request() const { return req_; }
+  const engine::TransferRequest& request() const { return reqs_[0]; }
   const std::vector<uint64_t>& bytes_per_rail() const { return bytes_per_rail_; }
   uint64_t writes() const { return writes_; }  // WRITEs of the last transfer
 
@@ -198,7 +202,7 @@ class EngineSession {
   EngineSession() = default;
   std::unique_ptr<engine::Engine> engine_;
   engine::RegionId region_ = 0;
-  engine::TransferRequest req_;
+  std::vector<engine::TransferRequest> reqs_;
   std::vector<uint64_t> bytes_per_rail_;
   uint64_t writes_ = 0;
 };
@@ -244,7 +248,7 @@ absl::StatusOr<Row> Measure(const EngineFlags& f, RawSession* raw, testing::Subp
                             const nlohmann::json& hello, size_t rails, const std::string& layout,
                             uint64_t piece, char* src) {
   const auto writes = Layout(layout, piece, f.total);
-  ASSIGN_OR_RETURN(auto eng, EngineSession::Start(f, hello, rails, writes, src));
+  ASSIGN_OR_RETURN(auto eng, EngineSession::Start(f, hello, rails, {writes}, src));
   ASSIGN_OR_RETURN(auto times, Alternate(f.iters, {[&] { return raw->Run(writes); },
                                                     [&] { return eng->Run(peer); }}));
   if (f.verify) {
@@ -275,21 +279,20 @@ absl::StatusOr<Share> ScatteredAgainstContiguous(const EngineFlags& f, RawSessio
                                                  testing::Subprocess& peer,
                                                  const nlohmann::json& hello, size_t rails,
                                                  char* src) {
-  ASSIGN_OR_RETURN(auto scattered, EngineSession::Start(f, hello, rails,
-                                                        Layout("scattered", 64 << 10, f.total),
-                                                        src));
-  ASSIGN_OR_RETURN(auto contiguous, EngineSession::Start(f, hello, rails,
-                                                         Layout("contiguous", 4 << 20, f.total),
-                                                         src));
-  RETURN_IF_ERROR(scattered->Run(peer).status());
-  RETURN_IF_ERROR(contiguous->Run(peer).status());
+  // One engine runs both, as one node would.
+  ASSIGN_OR_RETURN(auto eng, EngineSession::Start(f, hello, rails,
+                                                  {Layout("scattered", 64 << 10, f.total),
+                                                   Layout("contiguous", 4 << 20, f.total)},
+                                                  src));
   Share out;
-  out.scattered_write = f.total / scattered->writes();
-  out.contiguous_write = f.total / contiguous->writes();
+  RETURN_IF_ERROR(eng->Run(peer, 0).status());
+  out.scattered_write = f.total / eng->writes();
+  RETURN_IF_ERROR(eng->Run(peer, 1).status());
+  out.contiguous_write = f.total / eng->writes();
   const auto raw_small = Layout("contiguous", out.scattered_write, f.total);
   const auto raw_large = Layout("contiguous", out.contiguous_write, f.total);
-  ASSIGN_OR_RETURN(auto times, Alternate(f.iters, {[&] { return scattered->Run(peer); },
-                                                   [&] { return contiguous->Run(peer); },
+  ASSIGN_OR_RETURN(auto times, Alternate(f.iters, {[&] { return eng->Run(peer, 0); },
+                                                   [&] { return eng->Run(peer, 1); },
                                                    [&] { return raw->Run(raw_small); },
                                                    [&] { return raw->Run(raw_large); }}));
   out.engine = PairedRatios(times[1], times[0]);
