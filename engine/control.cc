@@ -24,8 +24,8 @@ absl::StatusOr<ControlMessage> DecodeControl(std::string_view frame) {
     return absl::InvalidArgumentError("control frame: short or bad magic");
   }
   const auto type = static_cast<uint8_t>(frame[4]);
-  if (type != static_cast<uint8_t>(ControlType::kHello) &&
-      type != static_cast<uint8_t>(ControlType::kUser)) {
+  if (type < static_cast<uint8_t>(ControlType::kHello) ||
+      type > static_cast<uint8_t>(ControlType::kBell)) {
     return absl::InvalidArgumentError("control frame: unknown type");
   }
   const size_t sender_len =

@@ -1,6 +1,7 @@
 // Framing of control messages (two-sided SENDs between engines). Wire format, little-endian:
 //   u32 magic "FRY1" | u8 type | u8 reserved | u16 sender length | sender | payload
-// type 1 = hello (rail warm-up, consumed by the engine), 2 = user message.
+// type 1 = hello (rail warm-up, consumed by the engine), 2 = user message, 3 = bell (a peer
+// is about to send: poll the rails).
 #ifndef FERRY_ENGINE_CONTROL_H_
 #define FERRY_ENGINE_CONTROL_H_
 
@@ -12,7 +13,7 @@
 
 namespace ferry::engine {
 
-enum class ControlType : uint8_t { kHello = 1, kUser = 2 };
+enum class ControlType : uint8_t { kHello = 1, kUser = 2, kBell = 3 };
 
 inline constexpr size_t kControlHeader = 8;
 inline constexpr size_t kMaxSenderId = 256;

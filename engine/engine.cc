@@ -29,7 +29,6 @@ struct RegionEntry {
 namespace {
 
 // Longest peer rail address accepted (fi_getname's for every provider here is far shorter).
-constexpr size_t kMaxAddress = 256;
 
 // Transfers without a deadline of their own get this one.
 constexpr absl::Duration kDefaultTransferDeadline = absl::Seconds(60);
@@ -287,6 +286,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                                                       engine->options_, std::move(bind)));
     engine->groups_.push_back(std::move(group));
   }
+  engine->bell_address_ = engine->groups_[0]->bell_address();
+  engine->has_bell_.store(!engine->bell_address_.empty());
   engine->max_write_ = options.max_write;
   engine->max_iov_ = std::clamp<size_t>(options.max_iov, 1, kMaxIov);
   engine->cq_data_size_ = 8;
@@ -309,7 +310,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
 }
 
 PeerAddress Engine::address() const {
-  PeerAddress a{node_id_, {}};
+  PeerAddress a{node_id_, {}, bell_address_};
   for (const RailInfo& r : rails_) a.rails.push_back(r.address);
   return a;
 }
@@ -426,6 +427,10 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
                                                      " bytes; want 1 to ", kMaxAddress));
     }
   }
+  if (peer.bell.size() > kMaxAddress) {
+    return absl::InvalidArgumentError(absl::StrCat("peer bell address has ", peer.bell.size(),
+                                                   " bytes; want at most ", kMaxAddress));
+  }
   PeerId id;
   {
     absl::MutexLock lock(&mu_);
@@ -434,6 +439,16 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
     }
     id = next_peer_++;
   }
+  // The peer may be asleep: its bell rings before the first hello goes.
+  auto bell = std::make_shared<uint64_t>(FI_ADDR_NOTAVAIL);
+  if (has_bell_ && !peer.bell.empty()) {
+    RETURN_IF_ERROR(groups_[0]->RunAndWait([bell, &peer](ProgressGroup& pg) -> absl::Status {
+      ASSIGN_OR_RETURN(*bell, pg.AddBell(peer.bell));
+      pg.Ring(*bell);
+      return absl::OkStatus();
+    }));
+  }
+  const absl::Time rung = absl::Now();
   // Filled at distinct indices by the groups, read after their completions.
   auto fi_addrs = std::make_shared<std::vector<uint64_t>>(rails_.size(), FI_ADDR_NOTAVAIL);
   std::vector<std::shared_ptr<Completion>> inserted;
@@ -450,23 +465,16 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
     groups_[g]->Run([this, fi_addrs, done, rail_hellos, hello,
                      remote = peer.rails](ProgressGroup& pg) {
       for (const auto& [r, hello_done] : rail_hellos) {
-        // fi_av_insert reads the provider's address length (fixed for tcp, a NUL-terminated
-        // string for shm): give it a zero-padded copy, so a short address cannot over-read.
-        char addr[2 * kMaxAddress] = {};
-        memcpy(addr, remote[r % remote.size()].data(), remote[r % remote.size()].size());
-        fid_av* av = pg.rail(rail_refs_[r].index_in_group).av();
-        fi_addr_t fa = FI_ADDR_NOTAVAIL;
-        int n = fi_av_insert(av, addr, 1, &fa, 0, nullptr);
-        if (n != 1) {
-          absl::Status s = FiError(n < 0 ? n : -FI_EINVAL, "fi_av_insert");
-          done->Set(s);
-          hello_done->Set(s);
+        auto fa = pg.rail(rail_refs_[r].index_in_group).Insert(remote[r % remote.size()]);
+        if (!fa.ok()) {
+          done->Set(fa.status());
+          hello_done->Set(fa.status());
           continue;
         }
-        (*fi_addrs)[r] = fa;
+        (*fi_addrs)[r] = *fa;
         // First contact: one small message per rail pair sets the connection up now, so the
         // first transfer does not pay for it.
-        pg.QueueSend(rail_refs_[r].index_in_group, fa, hello, hello_done);
+        pg.QueueSend(rail_refs_[r].index_in_group, *fa, hello, hello_done);
       }
       done->Set(absl::OkStatus());
     });
@@ -505,6 +513,7 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
         return absl::OkStatus();
       }));
     }
+    RemoveBell(*bell);
     return status;
   }
   for (size_t i = 0; i < hellos.size(); ++i) {
@@ -515,8 +524,41 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
     });
   }
   absl::MutexLock lock(&mu_);
-  peers_.emplace(id, Peer{peer, *fi_addrs});
+  peers_.emplace(id, Peer{peer, *fi_addrs, *bell, rung});
   return id;
+}
+
+void Engine::RemoveBell(uint64_t bell) {
+  if (bell == FI_ADDR_NOTAVAIL) return;
+  IgnoreError(groups_[0]->RunAndWait([bell](ProgressGroup& pg) {
+    pg.RemoveBell(bell);
+    return absl::OkStatus();
+  }));
+}
+
+uint64_t Engine::TakeRing(Peer& peer, absl::Time now) {
+  if (peer.bell == FI_ADDR_NOTAVAIL || now - peer.rung < kBellRingEvery) return FI_ADDR_NOTAVAIL;
+  peer.rung = now;
+  return peer.bell;
+}
+
+void Engine::RingBell(uint64_t bell) {
+  if (bell != FI_ADDR_NOTAVAIL) groups_[0]->Run([bell](ProgressGroup& pg) { pg.Ring(bell); });
+}
+
+void Engine::Ring(PeerId id, absl::Time now) {
+  uint64_t bell = FI_ADDR_NOTAVAIL;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(id);
+    if (it != peers_.end()) bell = TakeRing(it->second, now);
+  }
+  RingBell(bell);
+}
+
+void Engine::OnRung() {
+  rung_until_.store(absl::ToUnixNanos(absl::Now() + kBellLinger), std::memory_order_relaxed);
+  for (auto& g : groups_) g->Wake();
 }
 
 size_t Engine::EngineRail(size_t group, size_t index) const {
@@ -553,6 +595,7 @@ absl::Status Engine::RemovePeer(PeerId id) {
       return absl::OkStatus();
     }));
   }
+  RemoveBell(peer.bell);
   return absl::OkStatus();
 }
 
@@ -593,6 +636,7 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
     if (peer == peers_.end()) return absl::NotFoundError(absl::StrCat("no peer ", req.peer));
     fi_addrs = peer->second.fi_addrs;
     remote_rails = peer->second.address.rails.size();
+    RingBell(TakeRing(peer->second, now));
     for (const RegionDescriptor& d : req.dst_regions) {
       if (d.keys.size() < remote_rails) {
         return absl::InvalidArgumentError(absl::StrCat("destination region has ", d.keys.size(),
@@ -745,6 +789,7 @@ absl::Status Engine::SendControl(PeerId peer, std::string_view payload, absl::Ti
     if (it == peers_.end()) return absl::NotFoundError(absl::StrCat("no peer ", peer));
     dest = it->second.fi_addrs[0];
   }
+  Ring(peer, absl::Now());
   auto done = std::make_shared<Completion>();
   const RailRef ref = rail_refs_[0];
   groups_[ref.group]->Run(
@@ -759,6 +804,7 @@ void Engine::OnControl(std::string_view frame) {
     spdlog::warn("dropped control message: {}", msg.status().ToString());
     return;
   }
+  if (msg->type == ControlType::kBell) OnRung();
   if (msg->type == ControlType::kUser && options_.on_control) {
     options_.on_control(msg->sender, msg->payload);
   }

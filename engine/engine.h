@@ -59,15 +59,19 @@ struct EngineOptions {
   // instead of 2.0 at 500 MB/s in `ferry-bench rails`) for some throughput on a fast one.
   // Default: true.
   bool spin_while_awake = true;
-  // Each rail's CQ has a wait fd, so that an idle progress thread blocks in the kernel until
-  // the provider has something for it. false: CQs without wait objects, and an idle thread
-  // wakes every millisecond to poll (as on providers without wait fds: shm here). On
-  // tcp;ofi_rxm a waitable CQ costs work on every operation at both ends (rxm then opens its
-  // tcp CQs with an epoll wait set, nested in its own, where tcp otherwise keeps a poll list in
-  // user space; which part costs was not isolated): 256 KiB WRITEs at 1 rail ran 1.1-1.5x the
-  // raw loop without, 0.7-0.9x with (README, `ferry-bench engine --wait-fds`). For a node
-  // whose progress threads have cores of their own. Default: true.
-  bool wait_fds = true;
+  // true: each rail's CQ has a wait fd, so that an idle progress thread blocks in the kernel
+  // until the provider has something for it. false: the rails' CQs have no wait objects and
+  // the engine sleeps on its bell instead: one more endpoint (on the first rail's domain, no
+  // data) whose CQ has a wait fd. A peer rings it before it contacts this engine and again
+  // every 100 ms while it has WRITEs for it; a rung engine polls its rails (every millisecond
+  // when idle) for 500 ms, and an engine idle for 500 ms and not rung sleeps on the bell (and
+  // polls once a second). On tcp;ofi_rxm a waitable CQ costs work on every operation at both
+  // ends (rxm then opens its tcp CQs with an epoll wait set, nested in its own, where tcp
+  // otherwise keeps a poll list in user space): 256 KiB WRITEs at 1 rail ran 1.1-1.5x the raw
+  // loop without, 0.7-0.9x with (README, `ferry-bench engine --wait-fds`). A provider that
+  // gives no wait fd (shm here) has no bell: its idle engine polls every millisecond.
+  // Default: false.
+  bool wait_fds = false;
   // WRITEs in flight per rail; capped by the provider's tx size. Default: 0 (the tx size).
   size_t tx_depth = 0;
   // Bytes in flight per rail (a WRITE is always allowed when none is): enough to cover the
@@ -125,10 +129,12 @@ struct RailInfo {
   std::string placement;
 };
 
-// How to reach a peer: its node id and one address per rail (RailInfo::address).
+// How to reach a peer: its node id, one address per rail (RailInfo::address) and its bell's
+// (empty when it has none; see EngineOptions::wait_fds).
 struct PeerAddress {
   std::string node;
   std::vector<std::string> rails;
+  std::string bell;
 };
 
 struct TransferStats {
@@ -301,6 +307,21 @@ class Engine {
   // Called by progress threads.
   void OnImmediate(uint64_t tag);
   void OnControl(std::string_view frame);
+  // A peer rang: the rails are polled for kBellLinger.
+  void OnRung();
+  bool Rung(absl::Time now) const {
+    return absl::ToUnixNanos(now) < rung_until_.load(std::memory_order_relaxed);
+  }
+  // Rings the peer's bell unless it was rung less than kBellRingEvery ago. Thread-safe.
+  void Ring(PeerId peer, absl::Time now);
+  // Takes a peer's bell out of group 0's bell AV (FI_ADDR_NOTAVAIL: nothing to do).
+  void RemoveBell(uint64_t bell);
+  struct Peer;
+  // The peer's bell if it is due for a ring (it is then counted as rung), else
+  // FI_ADDR_NOTAVAIL.
+  uint64_t TakeRing(Peer& peer, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Has group 0 ring `bell` (FI_ADDR_NOTAVAIL: nothing to do). Thread-safe.
+  void RingBell(uint64_t bell);
   void ReleaseRegions(const std::vector<RegionId>& regions);
   // The engine index of rail `index` of `group`.
   size_t EngineRail(size_t group, size_t index) const;
@@ -310,6 +331,8 @@ class Engine {
   struct Peer {
     PeerAddress address;
     std::vector<uint64_t> fi_addrs;  // per local rail
+    uint64_t bell;                   // in group 0's bell AV; FI_ADDR_NOTAVAIL: none
+    absl::Time rung;                 // last rung
   };
   struct RailRef {
     size_t group;
@@ -338,6 +361,9 @@ class Engine {
       ABSL_GUARDED_BY(imm_mu_);
 
   std::atomic<int> awake_{0};  // live AwakeTokens
+  std::atomic<bool> has_bell_{false};
+  std::string bell_address_;
+  std::atomic<int64_t> rung_until_{0};  // unix ns
   std::vector<std::unique_ptr<ProgressGroup>> groups_;
 };
 

@@ -32,6 +32,8 @@ constexpr absl::Duration kSpinAfterWake = absl::Microseconds(200);
 constexpr absl::Duration kSpinWhileBusy = absl::Microseconds(50);
 // Send slots per rail for control messages.
 constexpr size_t kSendSlots = 32;
+// Receives posted on the bell: rings are small and consumed at once.
+constexpr size_t kBellReceives = 8;
 
 }  // namespace
 
@@ -117,38 +119,51 @@ absl::Status ProgressGroup::RunAndWait(absl::AnyInvocable<absl::Status(ProgressG
 absl::Status ProgressGroup::OpenRails(std::vector<InfoPtr> infos) {
   control_slot_ = ControlFrameCapacity(options_.max_control);
   for (InfoPtr& info : infos) {
-    auto rs = std::make_unique<RailState>();
-    ASSIGN_OR_RETURN(rs->rail, Rail::Open(*info, options_.tx_depth, options_.wait_fds));
-    rs->depth = rs->rail->rail_info().tx_depth;
-    const size_t nrecv = std::max<size_t>(options_.recv_pool, 1);
-    rs->arena.resize((nrecv + kSendSlots) * control_slot_);
-    ASSIGN_OR_RETURN(rs->arena_mr,
-                     rs->rail->Register(rs->arena.data(), rs->arena.size(), NextMrKey()));
-    rs->recvs.resize(nrecv);
-    for (size_t i = 0; i < nrecv; ++i) {
-      rs->recvs[i].kind = OpKind::kRecv;
-      rs->recvs[i].buffer = rs->arena.data() + i * control_slot_;
-    }
-    rs->sends.resize(kSendSlots);
-    for (size_t i = 0; i < kSendSlots; ++i) {
-      rs->sends[i].kind = OpKind::kSend;
-      rs->sends[i].slot = i;
-      rs->free_sends.push_back(i);
-    }
-    for (RecvOp& op : rs->recvs) PostRecv(*rs, op);
-    if (rs->rail->wait_fd() >= 0) {
-      epoll_event ev = {};
-      ev.events = EPOLLIN;
-      ev.data.fd = rs->rail->wait_fd();
-      if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, rs->rail->wait_fd(), &ev) != 0) {
-        return absl::InternalError(absl::StrCat("epoll_ctl: ", strerror(errno)));
-      }
-    } else {
-      all_fd_ = false;
-    }
+    ASSIGN_OR_RETURN(auto rs, OpenRail(*info, options_.wait_fds,
+                                       std::max<size_t>(options_.recv_pool, 1)));
+    if (rs->rail->wait_fd() < 0) all_fd_ = false;
     rails_.push_back(std::move(rs));
   }
+  if (index_ == 0 && !infos.empty()) {
+    auto bell = OpenRail(*infos[0], /*wait_fd=*/true, kBellReceives);
+    if (!bell.ok()) {
+      spdlog::warn("no bell: {}", bell.status().ToString());
+    } else if ((*bell)->rail->wait_fd() >= 0) {  // else nothing to sleep on: no bell
+      bell_ = std::move(*bell);
+    }
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ProgressGroup::RailState>> ProgressGroup::OpenRail(
+    const fi_info& info, bool wait_fd, size_t nrecv) {
+  auto rs = std::make_unique<RailState>();
+  ASSIGN_OR_RETURN(rs->rail, Rail::Open(info, options_.tx_depth, wait_fd));
+  rs->depth = rs->rail->rail_info().tx_depth;
+  rs->arena.resize((nrecv + kSendSlots) * control_slot_);
+  ASSIGN_OR_RETURN(rs->arena_mr,
+                   rs->rail->Register(rs->arena.data(), rs->arena.size(), NextMrKey()));
+  rs->recvs.resize(nrecv);
+  for (size_t i = 0; i < nrecv; ++i) {
+    rs->recvs[i].kind = OpKind::kRecv;
+    rs->recvs[i].buffer = rs->arena.data() + i * control_slot_;
+  }
+  rs->sends.resize(kSendSlots);
+  for (size_t i = 0; i < kSendSlots; ++i) {
+    rs->sends[i].kind = OpKind::kSend;
+    rs->sends[i].slot = i;
+    rs->free_sends.push_back(i);
+  }
+  for (RecvOp& op : rs->recvs) PostRecv(*rs, op);
+  if (rs->rail->wait_fd() >= 0) {
+    epoll_event ev = {};
+    ev.events = EPOLLIN;
+    ev.data.fd = rs->rail->wait_fd();
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, rs->rail->wait_fd(), &ev) != 0) {
+      return absl::InternalError(absl::StrCat("epoll_ctl: ", strerror(errno)));
+    }
+  }
+  return rs;
 }
 
 void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* opened) {
@@ -174,6 +189,13 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
       // connect, which a loop blocked on the CQ's fd may not hear of.
       busy |= rs.in_flight > 0 || !rs.queue.empty() || rs.free_sends.size() < rs.sends.size();
     }
+    if (bell_ != nullptr) {
+      // Its CQ is read when its fd said so, while a ring goes out, and once a kScanPeriod
+      // below: a waitable CQ costs a system call per read.
+      const bool ringing = bell_->free_sends.size() < bell_->sends.size();
+      if (ringing || bell_ready_) worked |= ServiceBell();
+      busy |= ringing;
+    }
     if (!parts_.empty()) {
       absl::Time now = absl::Now();
       if (now >= next_scan_) {
@@ -187,6 +209,13 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
       continue;
     }
     const absl::Time now = absl::Now();
+    if (bell_ != nullptr && now >= next_bell_poll_) {
+      next_bell_poll_ = now + kScanPeriod;
+      if (ServiceBell()) {
+        idle_since = absl::InfinitePast();
+        continue;
+      }
+    }
     // A WRITE that lands gives its target no completion, yet on tcp and shm it lands only while
     // the target calls into the provider. A destination that expects WRITEs (Engine::KeepAwake)
     // therefore polls without pausing (spin_while_awake), or, when told not to, counts bytes
@@ -204,23 +233,72 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
     // WRITEs in flight or expected (a destination waiting for a source's pull).
     const bool expecting = busy || awake;
     if (now - idle_since < (expecting ? kSpinWhileBusy : kSpinAfterWake)) continue;
-    Block(expecting || !parts_.empty());
+    Block(expecting || !parts_.empty(), now - idle_since);
   }
   Shutdown();
 }
 
-void ProgressGroup::Block(bool soon) {
-  int timeout_ms = soon ? static_cast<int>(absl::ToInt64Milliseconds(kScanPeriod)) : 1000;
+void ProgressGroup::Block(bool soon, absl::Duration idle) {
+  const int scan_ms = static_cast<int>(absl::ToInt64Milliseconds(kScanPeriod));
+  // fi_trywait(3): only block on the fds when the provider says nothing is pending inside.
+  auto trywait = [](const RailState& rs) {
+    fid* f = &rs.rail->cq()->fid;
+    return fi_trywait(rs.rail->fabric(), &f, 1) == FI_SUCCESS;
+  };
+  int timeout_ms = soon ? scan_ms : 1000;
   if (all_fd_) {
-    // fi_trywait(3): only block on the fds when the provider says nothing is pending inside.
     for (auto& rs : rails_) {
-      fid* f = &rs->rail->cq()->fid;
-      if (fi_trywait(rs->rail->fabric(), &f, 1) != FI_SUCCESS) return;
+      if (!trywait(*rs)) return;
     }
-  } else {
-    timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(kScanPeriod));
+  } else if (soon || !engine_->has_bell_ || idle < kBellLinger ||
+             engine_->Rung(absl::Now())) {
+    // Rails without wait fds: polled every kScanPeriod while anything may come on them.
+    timeout_ms = scan_ms;
   }
-  WaitFds(timeout_ms);
+  // Else asleep until the bell rings, the inbox has work or a second has passed.
+  if (bell_ != nullptr && timeout_ms > scan_ms && !trywait(*bell_)) {
+    bell_ready_ = true;
+    return;
+  }
+  if (WaitFds(timeout_ms) > 0) bell_ready_ = bell_ != nullptr;
+}
+
+bool ProgressGroup::ServiceBell() {
+  bell_ready_ = false;
+  const bool read = PollCq(*bell_) > 0;
+  return PostSends(*bell_) || read;
+}
+
+std::string ProgressGroup::bell_address() const {
+  return bell_ ? bell_->rail->rail_info().address : std::string();
+}
+
+absl::StatusOr<fi_addr_t> ProgressGroup::AddBell(const std::string& address) {
+  if (bell_ == nullptr) return absl::FailedPreconditionError("this engine has no bell");
+  ASSIGN_OR_RETURN(fi_addr_t fa, bell_->rail->Insert(address));
+  bells_.insert(fa);
+  return fa;
+}
+
+void ProgressGroup::RemoveBell(fi_addr_t bell) {
+  if (!bells_.erase(bell)) return;
+  // A ring not yet posted must not go to an address the AV no longer has (rxm would follow
+  // it to a connection that is gone).
+  std::erase_if(bell_->pending_sends, [&](SendOp* op) {
+    if (op->dest != bell) return false;
+    FinishSend(*bell_, op, absl::CancelledError("peer removed"));
+    return true;
+  });
+  fi_av_remove(bell_->rail->av(), &bell, 1, 0);
+}
+
+void ProgressGroup::Ring(fi_addr_t bell) {
+  // Rings queued for a peer removed since are dropped here.
+  if (!bells_.contains(bell) || bell_->free_sends.empty()) return;
+  // Nobody waits for a ring: a lost one is made up for by the next, or by the sleeper's
+  // once-a-second poll.
+  QueueSendOn(*bell_, bell, EncodeControl(ControlType::kBell, engine_->node_id_, ""),
+              std::make_shared<Completion>());
 }
 
 int ProgressGroup::WaitFds(int timeout_ms) {
@@ -457,7 +535,11 @@ void ProgressGroup::FinishSend(RailState& rs, SendOp* op, const absl::Status& st
 
 void ProgressGroup::QueueSend(size_t rail, fi_addr_t dest, std::string message,
                               std::shared_ptr<Completion> done) {
-  RailState& rs = *rails_[rail];
+  QueueSendOn(*rails_[rail], dest, std::move(message), std::move(done));
+}
+
+void ProgressGroup::QueueSendOn(RailState& rs, fi_addr_t dest, std::string message,
+                                std::shared_ptr<Completion> done) {
   if (message.size() > control_slot_) {
     done->Set(absl::InvalidArgumentError("control message too large"));
     return;
@@ -634,6 +716,7 @@ void ProgressGroup::ScanParts() {
   for (auto& [p, owned] : parts_) {
     if (p->dead) continue;
     TransferState& t = *p->transfer;
+    engine_->Ring(t.peer, now);  // the peer polls its rails while our WRITEs go
     if (!t.finished.load(std::memory_order_acquire) && now >= t.deadline) {
       t.Finish(absl::DeadlineExceededError(
           absl::StrCat("transfer ", t.id, " passed its deadline")));
@@ -816,6 +899,8 @@ void ProgressGroup::Shutdown() {
   mrs_.clear();
   for (auto& rs : rails_) rs->arena_mr.mr.reset();
   rails_.clear();
+  if (bell_ != nullptr) bell_->arena_mr.mr.reset();
+  bell_.reset();
   parts_.clear();
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
@@ -44,6 +45,12 @@ struct OpBase {
   fi_context2 ctx;
   OpKind kind;
 };
+
+// A bell (see ProgressGroup) rung by a peer keeps this engine polling its rails for
+// kBellLinger; a peer with work for it rings again every kBellRingEvery while the work lasts.
+// A group with no work of its own for kBellLinger, not rung for as long, sleeps on the bell.
+constexpr absl::Duration kBellLinger = absl::Milliseconds(500);
+constexpr absl::Duration kBellRingEvery = absl::Milliseconds(100);
 
 // Pieces one WRITE carries at most (a gathered WRITE; the rails' iov limits cap it further).
 constexpr size_t kMaxIov = 4;
@@ -135,6 +142,12 @@ struct Part {
 };
 
 // Owns its rails, their queues and the MRs registered on them; runs the progress loop.
+// Group 0 also owns the engine's bell: one more endpoint, on the first rail's domain, that
+// carries no data and whose CQ has a wait fd (where the provider gives one). A rail's CQ with
+// a wait fd costs work on every operation on tcp;ofi_rxm, so without EngineOptions::wait_fds
+// the rails' CQs have none and an idle engine has nothing to block on but the bell: a peer
+// rings it (a small SEND) before it contacts this engine and then every kBellRingEvery while
+// it has work for it.
 class ProgressGroup {
  public:
   using Command = absl::AnyInvocable<void(ProgressGroup&)>;
@@ -159,6 +172,8 @@ class ProgressGroup {
   void Wake();
 
   size_t rail_count() const { return rails_.size(); }
+  // The bell's endpoint name; empty when this group has none.
+  std::string bell_address() const;
   const RailInfo& rail_info(size_t i) const { return rails_[i]->rail->rail_info(); }
 
   // --- Progress thread only. ---
@@ -176,6 +191,10 @@ class ProgressGroup {
                  std::shared_ptr<Completion> done);
   // The rail failed for the peer: it rests, its queued WRITEs to the peer move elsewhere.
   void RailDown(size_t rail, PeerId peer, const absl::Status& why);
+  // The bell (group 0): a peer's bell into the bell's AV, removed, rung.
+  absl::StatusOr<fi_addr_t> AddBell(const std::string& address);
+  void RemoveBell(fi_addr_t bell);
+  void Ring(fi_addr_t bell);
 
  private:
   // How a rail is doing with one peer.
@@ -206,6 +225,12 @@ class ProgressGroup {
   ProgressGroup(Engine* engine, size_t index, const EngineOptions& options);
   void Main(std::vector<InfoPtr> infos, Binder bind, Completion* opened);
   absl::Status OpenRails(std::vector<InfoPtr> infos);
+  // A rail with `nrecv` control receives posted and its send slots; its wait fd (if any) in the
+  // epoll set.
+  absl::StatusOr<std::unique_ptr<RailState>> OpenRail(const fi_info& info, bool wait_fd,
+                                                      size_t nrecv);
+  // Polls the bell's CQ and posts its rings; true if anything happened.
+  bool ServiceBell();
   bool DrainInbox();
   size_t PollCq(RailState& rs);
   bool PostWrites(size_t index);
@@ -214,6 +239,8 @@ class ProgressGroup {
   // Rail `thief` ran dry: it takes queued WRITEs from the group's most loaded rail.
   bool Steal(size_t thief);
   bool PostSends(RailState& rs);
+  void QueueSendOn(RailState& rs, fi_addr_t dest, std::string message,
+                   std::shared_ptr<Completion> done);
   void PostRecv(RailState& rs, RecvOp& op);
   void OnWriteDone(WriteOp* op, const absl::Status& status);
   void ResolveOp(Part* part, bool is_tail);
@@ -221,8 +248,10 @@ class ProgressGroup {
   void MaybeRetire(Part* part);
   void ReapParts();
   void ScanParts();
-  // Waits on the rails' wait fds and the inbox; at most kScanPeriod when `soon`, else 1 s.
-  void Block(bool soon);
+  // Waits on the wait fds (the rails', the bell's) and the inbox; at most kScanPeriod when
+  // `soon` or when it must poll rails without wait fds, else 1 s. `idle`: how long the loop
+  // has made no progress.
+  void Block(bool soon, absl::Duration idle);
   // Waits up to `timeout_ms` on the rails' wait fds and the inbox's eventfd (which it resets);
   // returns how many rail fds are ready.
   int WaitFds(int timeout_ms);
@@ -261,6 +290,10 @@ class ProgressGroup {
   int epoll_fd_ = -1;
   int event_fd_ = -1;
   bool all_fd_ = true;  // every rail's CQ has a wait fd
+  std::unique_ptr<RailState> bell_;  // group 0's, where the provider gives it a wait fd
+  absl::flat_hash_set<fi_addr_t> bells_;  // peers' bells in its AV
+  bool bell_ready_ = false;          // its fd was readable
+  absl::Time next_bell_poll_ = absl::InfinitePast();
   size_t control_slot_ = 0;
 
   absl::Mutex inbox_mu_;

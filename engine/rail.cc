@@ -122,6 +122,17 @@ absl::StatusOr<std::unique_ptr<Rail>> Rail::Open(const fi_info& info, size_t tx_
   return rail;
 }
 
+absl::StatusOr<fi_addr_t> Rail::Insert(const std::string& address) {
+  // fi_av_insert reads the provider's address length (fixed for tcp, a NUL-terminated string
+  // for shm): it gets a zero-padded copy, so a short address cannot over-read.
+  char addr[2 * kMaxAddress] = {};
+  memcpy(addr, address.data(), std::min(address.size(), kMaxAddress));
+  fi_addr_t fa = FI_ADDR_NOTAVAIL;
+  const int n = fi_av_insert(av_.get(), addr, 1, &fa, 0, nullptr);
+  if (n != 1) return FiError(n < 0 ? n : -FI_EINVAL, "fi_av_insert");
+  return fa;
+}
+
 absl::StatusOr<RailMr> Rail::Register(void* addr, size_t length, uint64_t requested_key,
                                       Device device) {
   const int mr_mode = info_->domain_attr->mr_mode;

@@ -28,6 +28,9 @@ inline constexpr char kShmNamePrefix[] = "ferry-shm-";
 // own). Call it only once `pid` has been reaped. Returns how many were removed.
 int RemoveShmLeftovers(pid_t pid);
 
+// The longest endpoint name ferry accepts from a peer.
+inline constexpr size_t kMaxAddress = 256;
+
 // A process-wide unique key to request for an MR (providers without FI_MR_PROV_KEY use it).
 uint64_t NextMrKey();
 
@@ -48,6 +51,9 @@ class Rail {
   // Device memory goes with FI_HMEM_CUDA, which only a CUDA-enabled libfabric accepts.
   absl::StatusOr<RailMr> Register(void* addr, size_t length, uint64_t requested_key,
                                   Device device = Device::Host());
+
+  // Puts a peer's endpoint name (at most kMaxAddress bytes) in the AV.
+  absl::StatusOr<fi_addr_t> Insert(const std::string& address);
 
   fid_fabric* fabric() const { return fabric_.get(); }
   fid_ep* ep() const { return ep_.get(); }

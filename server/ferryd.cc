@@ -70,8 +70,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 30));
   app.add_option("--wait-fds", options.engine.wait_fds,
-                 "rails' CQs with wait fds: idle progress threads block in the kernel (false: "
-                 "they poll every millisecond; less work per WRITE on tcp)")
+                 "rails' CQs with wait fds: idle progress threads block on them (false: on the "
+                 "engine's bell, which peers ring; less work per WRITE on tcp)")
       ->capture_default_str();
   app.add_option("--token-file", token_file, "file with the bearer token clients must send");
   app.add_flag("--insecure", insecure, "allow a non-loopback --listen without a token");

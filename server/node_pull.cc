@@ -53,11 +53,15 @@ absl::StatusOr<engine::PeerId> Node::PeerFor(const nlohmann::json& request,
       rails->size() > kMaxPeerRails) {
     return absl::InvalidArgumentError("\"rails\" must be an array of 1 to 64 addresses");
   }
-  engine::PeerAddress address{node->get<std::string>(), {}};
+  engine::PeerAddress address{node->get<std::string>(), {}, {}};
   for (const auto& r : *rails) {
     if (!r.is_string()) return absl::InvalidArgumentError("a rail address must be a hex string");
     ASSIGN_OR_RETURN(std::string raw, engine::HexDecode(r.get<std::string>()));
     address.rails.push_back(std::move(raw));
+  }
+  if (auto bell = request.find("bell"); bell != request.end()) {
+    if (!bell->is_string()) return absl::InvalidArgumentError("\"bell\" must be a hex string");
+    ASSIGN_OR_RETURN(address.bell, engine::HexDecode(bell->get<std::string>()));
   }
   auto peer = engine_->AddPeer(address, deadline);
   if (!peer.ok() && peer.status().code() != absl::StatusCode::kInvalidArgument) {
@@ -512,6 +516,7 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
   nlohmann::json rails = nlohmann::json::array();
   for (const engine::RailInfo& r : engine_->rails()) rails.push_back(engine::HexEncode(r.address));
   request["rails"] = rails;
+  request["bell"] = engine::HexEncode(engine_->address().bell);
   PathFacts facts;
   facts.same_host = source.value("host", std::string()) == engine::HostId();
   facts.cuda_here = engine::CudaDeviceCount() > 0;
@@ -575,13 +580,18 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
     auto acquired = staging_->Acquire();
     if (!acquired.ok()) return fail(acquired.status());
     ring = std::move(*acquired);
-    engine::PeerAddress source_address{source.value("id", std::string()), {}};
+    engine::PeerAddress source_address{source.value("id", std::string()), {}, {}};
     if (source.contains("rails") && source["rails"].is_array()) {
       for (const auto& r : source["rails"]) {
         auto raw = engine::HexDecode(r.value("address", std::string()));
         if (!raw.ok()) return fail(absl::UnavailableError("source sent a bad rail address"));
         source_address.rails.push_back(std::move(*raw));
       }
+    }
+    if (source.contains("bell") && source["bell"].is_string()) {
+      auto bell = engine::HexDecode(source["bell"].get<std::string>());
+      if (!bell.ok()) return fail(absl::UnavailableError("source sent a bad bell address"));
+      source_address.bell = std::move(*bell);
     }
     auto source_peer = engine_->AddPeer(source_address, deadline);
     if (!source_peer.ok()) {

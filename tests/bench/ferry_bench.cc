@@ -52,7 +52,7 @@ struct EngineFlags {
   uint64_t inflight = 0;
   uint64_t max_write = 0;
   size_t max_iov = 0;
-  bool wait_fds = true;
+  bool wait_fds = engine::EngineOptions().wait_fds;
   bool json = false;
   bool verify = false;
 };

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <signal.h>
 #include <unistd.h>
+#include <time.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -37,7 +38,7 @@ constexpr uint8_t kCanary = 0xa5;
 struct Params {
   std::string provider;
   size_t rails;
-  bool wait_fds = true;
+  bool wait_fds = false;
 };
 
 size_t ShmFilesStartingWith(const std::string& prefix) {
@@ -49,7 +50,7 @@ size_t ShmFilesStartingWith(const std::string& prefix) {
 }
 
 void PrintTo(const Params& p, std::ostream* os) {
-  *os << p.provider << " x" << p.rails << (p.wait_fds ? "" : " without wait fds");
+  *os << p.provider << " x" << p.rails << (p.wait_fds ? " with wait fds" : "");
 }
 
 std::string Domain(const std::string& provider) { return provider == "tcp" ? "lo" : "shm"; }
@@ -441,11 +442,11 @@ TEST_P(EngineTest, AddingTheSameAddressTwiceGivesTheSamePeer) {
 
 INSTANTIATE_TEST_SUITE_P(Providers, EngineTest,
                          ::testing::Values(Params{"tcp", 1}, Params{"tcp", 4},
-                                           Params{"tcp", 4, false}, Params{"shm", 1},
+                                           Params{"tcp", 4, true}, Params{"shm", 1},
                                            Params{"shm", 4}),
                          [](const auto& info) {
                            return info.param.provider + "_" + std::to_string(info.param.rails) +
-                                  "rails" + (info.param.wait_fds ? "" : "_without_wait_fds");
+                                  "rails" + (info.param.wait_fds ? "_with_wait_fds" : "");
                          });
 
 TEST(EngineCreateTest, RejectsBadOptions) {
@@ -478,19 +479,28 @@ TEST(EngineCreateTest, ReportsRailsFromGetinfo) {
   EXPECT_TRUE(engine->rails()[0].placement.empty());  // dealt round robin, not placed
 }
 
-// CPU seconds the process uses while this thread sleeps for `wall`.
+// CPU seconds the process uses while this thread sleeps for `wall` (to the nanosecond: the
+// clock ticks of /proc are 10 ms).
 double CpuWhileSleeping(absl::Duration wall) {
-  const double before = ferry::testing::CpuSeconds(getpid());
+  auto cpu = [] {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
+  const double before = cpu();
   absl::SleepFor(wall);
-  return ferry::testing::CpuSeconds(getpid()) - before;
+  return cpu() - before;
 }
+
+// Past the short spin after start-up and the bell's linger (kBellLinger, 500 ms).
+constexpr absl::Duration kFallAsleep = absl::Milliseconds(800);
 
 TEST(EngineIdleTest, IdleEngineUsesNoCpuAndAnAwakeOneSpinsOnlyWhenAsked) {
   if (!ProviderAvailable("tcp")) GTEST_SKIP() << "no tcp provider";
   struct Case {
     bool spin, wait_fds;
   };
-  for (const Case c : {Case{true, true}, Case{false, true}, Case{false, false}}) {
+  for (const Case c : {Case{true, false}, Case{true, true}, Case{false, true}}) {
     EngineOptions o;
     o.domains = {"lo"};
     o.rails = 2;
@@ -498,12 +508,12 @@ TEST(EngineIdleTest, IdleEngineUsesNoCpuAndAnAwakeOneSpinsOnlyWhenAsked) {
     o.wait_fds = c.wait_fds;
     const std::string what =
         absl::StrCat("spin_while_awake ", c.spin, ", wait_fds ", c.wait_fds);
-    // Without wait fds an idle engine polls every millisecond: little CPU, not none (0.01-0.02 s
-    // a second here when quiet, 0.1 under a parallel ctest, which wakes it late each time).
-    const double idle_cpu = c.wait_fds ? 0.05 : 0.3;
     ASSERT_OK_AND_ASSIGN(auto engine, Engine::Create(o));
-    absl::SleepFor(absl::Milliseconds(300));  // past the short spin after start-up
-    EXPECT_LT(CpuWhileSleeping(absl::Seconds(1)), idle_cpu) << "idle, " << what;
+    EXPECT_EQ(engine->address().bell.empty(), false) << what;
+    absl::SleepFor(kFallAsleep);
+    // Asleep on the rails' fds, or on the bell: a second costs well under 0.05 s of CPU (it
+    // was 0.01-0.02 s a second when an engine without wait fds polled every millisecond).
+    EXPECT_LT(CpuWhileSleeping(absl::Seconds(1)), 0.005) << "idle, " << what;
     {
       AwakeToken awake = engine->KeepAwake();
       const double cpu = CpuWhileSleeping(absl::Seconds(1));
@@ -513,8 +523,66 @@ TEST(EngineIdleTest, IdleEngineUsesNoCpuAndAnAwakeOneSpinsOnlyWhenAsked) {
         EXPECT_LT(cpu, 0.3) << "an awake engine with no data waiting blocks, " << what;
       }
     }
-    absl::SleepFor(absl::Milliseconds(300));
-    EXPECT_LT(CpuWhileSleeping(absl::Seconds(1)), idle_cpu) << "idle again, " << what;
+    absl::SleepFor(kFallAsleep);
+    EXPECT_LT(CpuWhileSleeping(absl::Seconds(1)), 0.005) << "idle again, " << what;
+  }
+}
+
+// Without wait fds on the rails an idle engine sleeps on its bell; a peer that has work for it
+// rings first. Two engines in this process, both asleep each time one starts on the other.
+TEST(EngineBellTest, AnEngineAsleepOnItsBellIsRungByAPeerThatSendsToIt) {
+  if (!ProviderAvailable("tcp")) GTEST_SKIP() << "no tcp provider";
+  EngineOptions o;
+  o.domains = {"lo"};
+  o.rails = 2;
+  ASSERT_FALSE(o.wait_fds);
+  absl::Mutex mu;
+  std::vector<std::string> got;
+  EngineOptions ob = o;
+  ob.on_control = [&](std::string_view, std::string_view payload) {
+    absl::MutexLock lock(&mu);
+    got.emplace_back(payload);
+  };
+  ASSERT_OK_AND_ASSIGN(auto a, Engine::Create(o));
+  ASSERT_OK_AND_ASSIGN(auto b, Engine::Create(ob));
+  constexpr uint64_t kSize = 8 << 20;
+  SourceBuffer src(*a, kSize);
+  std::vector<uint8_t> dst(kSize);
+  ASSERT_OK_AND_ASSIGN(RegionId d, b->RegisterMemory(dst.data(), dst.size(), Device::Host()));
+  ASSERT_OK_AND_ASSIGN(RegionDescriptor desc, b->Describe(d));
+  PeerId peer = 0;
+  for (int round = 0; round < 3; ++round) {
+    absl::SleepFor(kFallAsleep);
+    EXPECT_LT(CpuWhileSleeping(absl::Milliseconds(500)), 0.005) << "both asleep, round " << round;
+    std::fill(dst.begin(), dst.end(), 0);
+    const absl::Time start = absl::Now();
+    if (round == 0) {
+      ASSERT_OK_AND_ASSIGN(peer, a->AddPeer(b->address(), start + absl::Seconds(10)));
+    }
+    // Every other piece, so the pieces stay apart on both sides.
+    TransferRequest req{.peer = peer, .dst_regions = {desc}};
+    for (uint64_t off = 0; off < kSize; off += 2 << 20) {
+      req.src.push_back({src.region, off, 1 << 20});
+      req.dst.push_back({0, off, 1 << 20});
+    }
+    req.deadline = start + absl::Seconds(10);
+    ASSERT_OK(a->Write(req).status()) << "round " << round;
+    ASSERT_OK(a->SendControl(peer, absl::StrCat("round ", round), start + absl::Seconds(10)));
+    {
+      auto received = [&] { return got.size() > static_cast<size_t>(round); };
+      absl::MutexLock lock(&mu);
+      mu.AwaitWithDeadline(absl::Condition(&received), start + absl::Seconds(10));
+    }
+    // Asleep, b would poll its rails once a second: rung, it answers at once.
+    EXPECT_LT(absl::Now() - start, absl::Milliseconds(900)) << "round " << round;
+    for (uint64_t off = 0; off < kSize; off += 1 << 20) {
+      const bool written = off % (2 << 20) == 0;
+      EXPECT_EQ(memcmp(dst.data() + off, src.data + off, 1 << 20) == 0, written)
+          << "round " << round << ", MiB " << (off >> 20);
+    }
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(got.size(), static_cast<size_t>(round + 1));
+    EXPECT_EQ(got.back(), absl::StrCat("round ", round));
   }
 }
 

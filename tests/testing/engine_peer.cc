@@ -24,7 +24,7 @@ nlohmann::json ExtentsToJson(const std::vector<engine::Extent>& extents) {
 nlohmann::json AddressToJson(const engine::PeerAddress& address) {
   nlohmann::json rails = nlohmann::json::array();
   for (const std::string& r : address.rails) rails.push_back(engine::HexEncode(r));
-  return {{"node", address.node}, {"rails", rails}};
+  return {{"node", address.node}, {"rails", rails}, {"bell", engine::HexEncode(address.bell)}};
 }
 
 absl::StatusOr<engine::PeerAddress> AddressFromJson(const nlohmann::json& j) {
@@ -35,6 +35,9 @@ absl::StatusOr<engine::PeerAddress> AddressFromJson(const nlohmann::json& j) {
     if (!raw.ok()) return raw.status();
     a.rails.push_back(*raw);
   }
+  auto bell = engine::HexDecode(j.value("bell", std::string()));
+  if (!bell.ok()) return bell.status();
+  a.bell = *bell;
   return a;
 }
 
