@@ -46,10 +46,10 @@ struct OpBase {
   OpKind kind;
 };
 
-// A bell (see ProgressGroup) rung by a peer keeps this engine polling its rails for
+// A bell (see ProgressGroup) rung by a peer keeps this engine awake (Engine::KeepAwake) for
 // kBellLinger; a peer with work for it rings again every kBellRingEvery while the work lasts.
 // A group with no work of its own for kBellLinger, not rung for as long, sleeps on the bell.
-constexpr absl::Duration kBellLinger = absl::Milliseconds(500);
+constexpr absl::Duration kBellLinger = absl::Milliseconds(300);
 constexpr absl::Duration kBellRingEvery = absl::Milliseconds(100);
 
 // Pieces one WRITE carries at most (a gathered WRITE; the rails' iov limits cap it further).
