@@ -1,7 +1,7 @@
 // Framing of control messages (two-sided SENDs between engines). Wire format, little-endian:
 //   u32 magic "FRY1" | u8 type | u8 reserved | u16 sender length | sender | payload
-// type 1 = hello (rail warm-up, consumed by the engine), 2 = user message, 3 = bell (a peer
-// is about to send: poll the rails).
+// type 1 = hello (rail warm-up, consumed by the engine), 2 = user message, 3 = bell ring,
+// payload one byte (RingKind).
 #ifndef FERRY_ENGINE_CONTROL_H_
 #define FERRY_ENGINE_CONTROL_H_
 
@@ -14,6 +14,11 @@
 namespace ferry::engine {
 
 enum class ControlType : uint8_t { kHello = 1, kUser = 2, kBell = 3 };
+
+// What a ring of a peer's bell says. kWake: a control message or hello follows (poll the
+// rails a while). kBusy: WRITEs follow (be awake, as with Engine::KeepAwake, until kDone or
+// until no kBusy has come for a while). kDone: this sender's WRITEs are over.
+enum class RingKind : char { kWake = 'w', kBusy = 'b', kDone = 'd' };
 
 inline constexpr size_t kControlHeader = 8;
 inline constexpr size_t kMaxSenderId = 256;

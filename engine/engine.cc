@@ -174,7 +174,10 @@ AwakeToken Engine::KeepAwake() {
 
 Engine::Engine(const EngineOptions& options) : options_(options) {}
 
-Engine::~Engine() { groups_.clear(); }
+Engine::~Engine() {
+  closing_.store(true);
+  groups_.clear();
+}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   if (options.progress_threads == 0) {
@@ -444,11 +447,11 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
   if (has_bell_ && !peer.bell.empty()) {
     RETURN_IF_ERROR(groups_[0]->RunAndWait([bell, &peer](ProgressGroup& pg) -> absl::Status {
       ASSIGN_OR_RETURN(*bell, pg.AddBell(peer.bell));
-      pg.Ring(*bell);
+      pg.Ring(*bell, RingKind::kWake);
       return absl::OkStatus();
     }));
   }
-  const absl::Time rung = absl::Now();
+  const absl::Time woken = absl::Now();
   // Filled at distinct indices by the groups, read after their completions.
   auto fi_addrs = std::make_shared<std::vector<uint64_t>>(rails_.size(), FI_ADDR_NOTAVAIL);
   std::vector<std::shared_ptr<Completion>> inserted;
@@ -524,7 +527,7 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
     });
   }
   absl::MutexLock lock(&mu_);
-  peers_.emplace(id, Peer{peer, *fi_addrs, *bell, rung});
+  peers_.emplace(id, Peer{peer, *fi_addrs, *bell, woken});
   return id;
 }
 
@@ -536,28 +539,63 @@ void Engine::RemoveBell(uint64_t bell) {
   }));
 }
 
-uint64_t Engine::TakeRing(Peer& peer, absl::Time now) {
-  if (peer.bell == FI_ADDR_NOTAVAIL || now - peer.rung < kBellRingEvery) return FI_ADDR_NOTAVAIL;
-  peer.rung = now;
+uint64_t Engine::TakeRing(Peer& peer, absl::Time now, RingKind kind) {
+  if (peer.bell == FI_ADDR_NOTAVAIL) return FI_ADDR_NOTAVAIL;
+  if (kind != RingKind::kDone) {
+    absl::Time& last = kind == RingKind::kBusy ? peer.busied : peer.woken;
+    if (now - last < kBellRingEvery) return FI_ADDR_NOTAVAIL;
+    last = now;
+  }
   return peer.bell;
 }
 
-void Engine::RingBell(uint64_t bell) {
-  if (bell != FI_ADDR_NOTAVAIL) groups_[0]->Run([bell](ProgressGroup& pg) { pg.Ring(bell); });
+void Engine::RingBell(uint64_t bell, RingKind kind) {
+  if (bell == FI_ADDR_NOTAVAIL || closing_.load()) return;
+  groups_[0]->Run([bell, kind](ProgressGroup& pg) { pg.Ring(bell, kind); });
 }
 
-void Engine::Ring(PeerId id, absl::Time now) {
+void Engine::Ring(PeerId id, absl::Time now, RingKind kind) {
   uint64_t bell = FI_ADDR_NOTAVAIL;
   {
     absl::MutexLock lock(&mu_);
     auto it = peers_.find(id);
-    if (it != peers_.end()) bell = TakeRing(it->second, now);
+    if (it != peers_.end()) bell = TakeRing(it->second, now, kind);
   }
-  RingBell(bell);
+  RingBell(bell, kind);
 }
 
-void Engine::OnRung() {
-  rung_until_.store(absl::ToUnixNanos(absl::Now() + kBellLinger), std::memory_order_relaxed);
+void Engine::TransferEnded(PeerId id) {
+  uint64_t bell = FI_ADDR_NOTAVAIL;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(id);
+    if (it == peers_.end() || --it->second.live > 0) return;
+    it->second.busied = absl::InfinitePast();  // the next transfer rings kBusy at once
+    bell = TakeRing(it->second, absl::Now(), RingKind::kDone);
+  }
+  RingBell(bell, RingKind::kDone);
+}
+
+void Engine::OnRung(std::string_view sender, std::string_view payload) {
+  const absl::Time now = absl::Now();
+  const auto kind = payload.empty() ? RingKind::kWake : static_cast<RingKind>(payload[0]);
+  woken_until_.store(absl::ToUnixNanos(now + kBellLinger), std::memory_order_relaxed);
+  {
+    absl::MutexLock lock(&bell_mu_);
+    if (kind == RingKind::kBusy) busy_senders_[std::string(sender)] = now + kBellLinger;
+    if (kind == RingKind::kDone) busy_senders_.erase(std::string(sender));
+    absl::Time until = absl::InfinitePast();
+    for (auto it = busy_senders_.begin(); it != busy_senders_.end();) {
+      if (it->second <= now) {
+        busy_senders_.erase(it++);
+        continue;
+      }
+      until = std::max(until, it->second);
+      ++it;
+    }
+    busy_until_.store(until == absl::InfinitePast() ? 0 : absl::ToUnixNanos(until),
+                      std::memory_order_relaxed);
+  }
   for (auto& g : groups_) g->Wake();
 }
 
@@ -636,7 +674,6 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
     if (peer == peers_.end()) return absl::NotFoundError(absl::StrCat("no peer ", req.peer));
     fi_addrs = peer->second.fi_addrs;
     remote_rails = peer->second.address.rails.size();
-    RingBell(TakeRing(peer->second, now));
     for (const RegionDescriptor& d : req.dst_regions) {
       if (d.keys.size() < remote_rails) {
         return absl::InvalidArgumentError(absl::StrCat("destination region has ", d.keys.size(),
@@ -762,6 +799,10 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
     }
     state->parts_alive.store(alive);
     state->parts_data_pending.store(data_pending);
+    // Counted before any part runs (it may end before Submit returns); the peer is told.
+    ++peer->second.live;
+    state->counted = true;
+    RingBell(TakeRing(peer->second, now, RingKind::kBusy), RingKind::kBusy);
     for (size_t g = 0; g < groups_.size(); ++g) {
       if (!parts[g]) continue;
       groups_[g]->Run([p = std::move(parts[g])](ProgressGroup& pg) mutable {
@@ -789,7 +830,7 @@ absl::Status Engine::SendControl(PeerId peer, std::string_view payload, absl::Ti
     if (it == peers_.end()) return absl::NotFoundError(absl::StrCat("no peer ", peer));
     dest = it->second.fi_addrs[0];
   }
-  Ring(peer, absl::Now());
+  Ring(peer, absl::Now(), RingKind::kWake);
   auto done = std::make_shared<Completion>();
   const RailRef ref = rail_refs_[0];
   groups_[ref.group]->Run(
@@ -804,7 +845,7 @@ void Engine::OnControl(std::string_view frame) {
     spdlog::warn("dropped control message: {}", msg.status().ToString());
     return;
   }
-  if (msg->type == ControlType::kBell) OnRung();
+  if (msg->type == ControlType::kBell) OnRung(msg->sender, msg->payload);
   if (msg->type == ControlType::kUser && options_.on_control) {
     options_.on_control(msg->sender, msg->payload);
   }

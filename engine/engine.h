@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "engine/control.h"
 #include "engine/topology.h"
 #include "engine/types.h"
 
@@ -302,26 +303,35 @@ class Engine {
 
  private:
   friend class ProgressGroup;
+  friend struct TransferState;
   explicit Engine(const EngineOptions& options);
 
   // Called by progress threads.
   void OnImmediate(uint64_t tag);
   void OnControl(std::string_view frame);
-  // A peer rang: the engine is awake (as with KeepAwake) for kBellLinger.
-  void OnRung();
+  // A peer rang (see RingKind).
+  void OnRung(std::string_view sender, std::string_view payload);
+  // A kBusy ring holds: WRITEs are coming.
   bool Rung(absl::Time now) const {
-    return absl::ToUnixNanos(now) < rung_until_.load(std::memory_order_relaxed);
+    return absl::ToUnixNanos(now) < busy_until_.load(std::memory_order_relaxed);
   }
-  // Rings the peer's bell unless it was rung less than kBellRingEvery ago. Thread-safe.
-  void Ring(PeerId peer, absl::Time now);
+  // A ring came less than kBellLinger ago: the rails are polled.
+  bool Woken(absl::Time now) const {
+    return absl::ToUnixNanos(now) < woken_until_.load(std::memory_order_relaxed);
+  }
+  // Rings the peer's bell, unless it was rung so (kWake, kBusy) less than kBellRingEvery ago.
+  // Thread-safe.
+  void Ring(PeerId peer, absl::Time now, RingKind kind);
+  // A transfer counted in its peer's live transfers ended; the last one rings kDone.
+  void TransferEnded(PeerId peer);
   // Takes a peer's bell out of group 0's bell AV (FI_ADDR_NOTAVAIL: nothing to do).
   void RemoveBell(uint64_t bell);
   struct Peer;
-  // The peer's bell if it is due for a ring (it is then counted as rung), else
+  // The peer's bell if it is due for a ring of `kind` (it is then counted as rung), else
   // FI_ADDR_NOTAVAIL.
-  uint64_t TakeRing(Peer& peer, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t TakeRing(Peer& peer, absl::Time now, RingKind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Has group 0 ring `bell` (FI_ADDR_NOTAVAIL: nothing to do). Thread-safe.
-  void RingBell(uint64_t bell);
+  void RingBell(uint64_t bell, RingKind kind);
   void ReleaseRegions(const std::vector<RegionId>& regions);
   // The engine index of rail `index` of `group`.
   size_t EngineRail(size_t group, size_t index) const;
@@ -332,7 +342,9 @@ class Engine {
     PeerAddress address;
     std::vector<uint64_t> fi_addrs;  // per local rail
     uint64_t bell;                   // in group 0's bell AV; FI_ADDR_NOTAVAIL: none
-    absl::Time rung;                 // last rung
+    absl::Time woken = absl::InfinitePast();  // last kWake ring
+    absl::Time busied = absl::InfinitePast();  // last kBusy ring
+    int live = 0;                    // transfers to it not yet ended
   };
   struct RailRef {
     size_t group;
@@ -363,7 +375,13 @@ class Engine {
   std::atomic<int> awake_{0};  // live AwakeTokens
   std::atomic<bool> has_bell_{false};
   std::string bell_address_;
-  std::atomic<int64_t> rung_until_{0};  // unix ns
+  std::atomic<bool> closing_{false};  // the destructor runs: nothing rings any more
+  // Bells: until when a ring keeps the rails polled, and until when some sender's kBusy holds
+  // (unix ns); the senders' kBusy deadlines.
+  std::atomic<int64_t> woken_until_{0};
+  std::atomic<int64_t> busy_until_{0};
+  absl::Mutex bell_mu_;
+  absl::flat_hash_map<std::string, absl::Time> busy_senders_ ABSL_GUARDED_BY(bell_mu_);
   std::vector<std::unique_ptr<ProgressGroup>> groups_;
 };
 

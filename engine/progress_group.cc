@@ -54,12 +54,15 @@ absl::Status Completion::Wait(absl::Time deadline) const {
 }
 
 bool TransferState::Finish(absl::Status s) {
-  absl::MutexLock lock(&mu);
-  if (done) return false;
-  done = true;
-  status = std::move(s);
-  stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  finished.store(true, std::memory_order_release);
+  {
+    absl::MutexLock lock(&mu);
+    if (done) return false;
+    done = true;
+    status = std::move(s);
+    stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    finished.store(true, std::memory_order_release);
+  }
+  if (counted) engine->TransferEnded(peer);
   return true;
 }
 
@@ -252,7 +255,7 @@ void ProgressGroup::Block(bool soon, absl::Duration idle) {
       if (!trywait(*rs)) return;
     }
   } else if (soon || !engine_->has_bell_ || idle < kBellLinger ||
-             engine_->Rung(absl::Now())) {
+             engine_->Woken(absl::Now())) {
     // Rails without wait fds: polled every kScanPeriod while anything may come on them.
     timeout_ms = scan_ms;
   }
@@ -295,12 +298,14 @@ void ProgressGroup::RemoveBell(fi_addr_t bell) {
   fi_av_remove(bell_->rail->av(), &bell, 1, 0);
 }
 
-void ProgressGroup::Ring(fi_addr_t bell) {
+void ProgressGroup::Ring(fi_addr_t bell, RingKind kind) {
   // Rings queued for a peer removed since are dropped here.
   if (!bells_.contains(bell) || bell_->free_sends.empty()) return;
   // Nobody waits for a ring: a lost one is made up for by the next, or by the sleeper's
   // once-a-second poll.
-  QueueSendOn(*bell_, bell, EncodeControl(ControlType::kBell, engine_->node_id_, ""),
+  QueueSendOn(*bell_, bell,
+              EncodeControl(ControlType::kBell, engine_->node_id_,
+                            std::string(1, static_cast<char>(kind))),
               std::make_shared<Completion>());
 }
 
@@ -719,7 +724,7 @@ void ProgressGroup::ScanParts() {
   for (auto& [p, owned] : parts_) {
     if (p->dead) continue;
     TransferState& t = *p->transfer;
-    engine_->Ring(t.peer, now);  // the peer polls its rails while our WRITEs go
+    engine_->Ring(t.peer, now, RingKind::kBusy);  // the peer stays awake while our WRITEs go
     if (!t.finished.load(std::memory_order_acquire) && now >= t.deadline) {
       t.Finish(absl::DeadlineExceededError(
           absl::StrCat("transfer ", t.id, " passed its deadline")));

@@ -18,6 +18,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "engine/control.h"
 #include "engine/engine.h"
 #include "engine/rail.h"
 
@@ -46,9 +47,10 @@ struct OpBase {
   OpKind kind;
 };
 
-// A bell (see ProgressGroup) rung by a peer keeps this engine awake (Engine::KeepAwake) for
-// kBellLinger; a peer with work for it rings again every kBellRingEvery while the work lasts.
-// A group with no work of its own for kBellLinger, not rung for as long, sleeps on the bell.
+// A ring of the bell (see ProgressGroup) keeps this engine polling its rails for kBellLinger,
+// a kBusy ring keeps it awake (Engine::KeepAwake) until the sender's kDone or for as long; a
+// peer with WRITEs for it rings kBusy again every kBellRingEvery while they last. A group with
+// no work of its own for kBellLinger and no ring for as long sleeps on the bell.
 constexpr absl::Duration kBellLinger = absl::Milliseconds(300);
 constexpr absl::Duration kBellRingEvery = absl::Milliseconds(100);
 
@@ -98,6 +100,7 @@ struct TransferState {
   absl::Time start;
   absl::Time deadline;
   Engine* engine = nullptr;
+  bool counted = false;  // in the engine's count of the peer's live transfers
   std::vector<RegionId> pinned;  // released once every part has retired
 
   std::atomic<bool> finished{false};       // a result is set: queued work is dropped
@@ -194,7 +197,7 @@ class ProgressGroup {
   // The bell (group 0): a peer's bell into the bell's AV, removed, rung.
   absl::StatusOr<fi_addr_t> AddBell(const std::string& address);
   void RemoveBell(fi_addr_t bell);
-  void Ring(fi_addr_t bell);
+  void Ring(fi_addr_t bell, RingKind kind);
 
  private:
   // How a rail is doing with one peer.
