@@ -724,7 +724,8 @@ void ProgressGroup::ScanParts() {
   for (auto& [p, owned] : parts_) {
     if (p->dead) continue;
     TransferState& t = *p->transfer;
-    engine_->Ring(t.peer, now, RingKind::kBusy);  // the peer stays awake while our WRITEs go
+    // The peer stays awake while our WRITEs go (an ended transfer has rung kDone).
+    if (!t.finished.load(std::memory_order_acquire)) engine_->Ring(t.peer, now, RingKind::kBusy);
     if (!t.finished.load(std::memory_order_acquire) && now >= t.deadline) {
       t.Finish(absl::DeadlineExceededError(
           absl::StrCat("transfer ", t.id, " passed its deadline")));
