@@ -28,8 +28,6 @@ struct RegionEntry {
 
 namespace {
 
-// Longest peer rail address accepted (fi_getname's for every provider here is far shorter).
-
 // Transfers without a deadline of their own get this one.
 constexpr absl::Duration kDefaultTransferDeadline = absl::Seconds(60);
 

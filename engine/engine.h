@@ -64,9 +64,9 @@ struct EngineOptions {
   // until the provider has something for it. false: the rails' CQs have no wait objects and
   // the engine sleeps on its bell instead: one more endpoint (on the first rail's domain, no
   // data) whose CQ has a wait fd. A peer rings it before it contacts this engine and again
-  // every 100 ms while it has WRITEs for it; a rung engine is awake (as with KeepAwake) for
-  // 300 ms, and an engine idle for 300 ms and not rung sleeps on the bell (and polls its rails
-  // once a second). On tcp;ofi_rxm a waitable CQ costs work on every operation at both
+  // every 100 ms while it has WRITEs for it; so rung, an engine is awake (as with KeepAwake)
+  // until the peer's last transfer to it ends, or 300 ms after the last ring, and an engine
+  // idle for 300 ms and not rung sleeps on the bell (and polls its rails once a second). On tcp;ofi_rxm a waitable CQ costs work on every operation at both
   // ends (rxm then opens its tcp CQs with an epoll wait set, nested in its own, where tcp
   // otherwise keeps a poll list in user space): 256 KiB WRITEs at 1 rail ran 1.1-1.5x the raw
   // loop without, 0.7-0.9x with (README, `ferry-bench engine --wait-fds`). A provider that

@@ -28,7 +28,8 @@ inline constexpr char kShmNamePrefix[] = "ferry-shm-";
 // own). Call it only once `pid` has been reaped. Returns how many were removed.
 int RemoveShmLeftovers(pid_t pid);
 
-// The longest endpoint name ferry accepts from a peer.
+// The longest endpoint name ferry accepts from a peer (fi_getname's for every provider here is
+// far shorter).
 inline constexpr size_t kMaxAddress = 256;
 
 // A process-wide unique key to request for an MR (providers without FI_MR_PROV_KEY use it).
