@@ -249,6 +249,8 @@ class Engine {
   const std::string& node_id() const { return node_id_; }
   const std::vector<RailInfo>& rails() const { return rails_; }
   PeerAddress address() const;
+  // This engine's bell (empty when it has none), as PeerAddress::bell.
+  const std::string& bell_address() const { return bell_address_; }
 
   // Registers [addr, addr + length) on every rail. The memory must stay valid until
   // DeregisterMemory. kInvalidArgument: null, empty or wrapping range. kUnimplemented: device memory the build or provider cannot register.

@@ -214,7 +214,7 @@ nlohmann::json Node::Info() const {
   }
   return {{"id", id()},           {"version", "0.1.0"},       {"host", engine::HostId()},
           {"rails", rails},       {"devices", devices},       {"cuda_built", engine::CudaBuilt()},
-          {"spare_bytes", spare}, {"bell", engine::HexEncode(engine_->address().bell)}};
+          {"spare_bytes", spare}, {"bell", engine::HexEncode(engine_->bell_address())}};
 }
 
 absl::StatusOr<RegionInfo> Node::AllocateRegion(engine::Device device, uint64_t size,

@@ -516,7 +516,7 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
   nlohmann::json rails = nlohmann::json::array();
   for (const engine::RailInfo& r : engine_->rails()) rails.push_back(engine::HexEncode(r.address));
   request["rails"] = rails;
-  request["bell"] = engine::HexEncode(engine_->address().bell);
+  request["bell"] = engine::HexEncode(engine_->bell_address());
   PathFacts facts;
   facts.same_host = source.value("host", std::string()) == engine::HostId();
   facts.cuda_here = engine::CudaDeviceCount() > 0;
