@@ -46,8 +46,11 @@ struct EngineOptions {
   // This engine's node id, carried in region descriptors and control messages. Default: empty
   // (a random id is chosen).
   std::string node_id;
-  // Longest single WRITE; capped by the provider's max_msg_size. Default: 1 MiB.
-  uint64_t max_write = uint64_t{1} << 20;
+  // Longest single WRITE; capped by the provider's max_msg_size. On tcp loopback 512 KiB
+  // WRITEs carried contiguous bytes at 1.2-1.5x the rate of 1 MiB ones on the 2-vCPU test
+  // machine and about 1.05x on a 16-core one (README, `ferry-bench engine --max-write`).
+  // Default: 512 KiB.
+  uint64_t max_write = uint64_t{512} << 10;
   // Pieces one WRITE may gather (consecutive pieces of a rail between the same two regions);
   // capped by the providers' iov_limit and rma_iov_limit and by 4. On tcp a WRITE costs a
   // header, a completion and a receive on the target's CPU whatever its size, so scattered
