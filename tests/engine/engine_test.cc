@@ -509,7 +509,7 @@ TEST(EngineIdleTest, IdleEngineUsesNoCpuAndAnAwakeOneSpinsOnlyWhenAsked) {
     const std::string what =
         absl::StrCat("spin_while_awake ", c.spin, ", wait_fds ", c.wait_fds);
     ASSERT_OK_AND_ASSIGN(auto engine, Engine::Create(o));
-    EXPECT_EQ(engine->address().bell.empty(), false) << what;
+    EXPECT_EQ(engine->bell_address().empty(), false) << what;
     absl::SleepFor(kFallAsleep);
     // Asleep on the rails' fds, or on the bell: under 0.001 s a second here, 0.009 once under
     // ASan and a parallel ctest; an engine that polls every millisecond takes 0.01-0.02 quiet
