@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -63,6 +65,14 @@ std::string PciAddress(const fi_info& info) {
 }
 
 }  // namespace
+
+size_t AutoProgressThreads(size_t rails) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const size_t cpus =
+      sched_getaffinity(0, sizeof(set), &set) == 0 ? static_cast<size_t>(CPU_COUNT(&set)) : 1;
+  return std::max<size_t>(1, std::min(rails, cpus / 2));
+}
 
 absl::StatusOr<std::vector<NicRef>> ProviderNics(std::string_view provider) {
   ASSIGN_OR_RETURN(std::string filter, ProviderFilter(provider));
@@ -178,9 +188,6 @@ Engine::~Engine() {
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
-  if (options.progress_threads == 0) {
-    return absl::InvalidArgumentError("progress_threads must be at least 1");
-  }
   if (options.max_write == 0) return absl::InvalidArgumentError("max_write must be positive");
   if (options.max_control == 0 || options.max_control > 65536) {
     return absl::InvalidArgumentError("max_control must be within 1..65536");
@@ -261,7 +268,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
   if (per_group.empty()) {
     const size_t nrails = options.rails == 0 ? domains.size() : options.rails;
-    per_group.resize(std::min(options.progress_threads, nrails));
+    const size_t threads =
+        options.progress_threads == 0 ? AutoProgressThreads(nrails) : options.progress_threads;
+    per_group.resize(std::min(threads, nrails));
     for (size_t r = 0; r < nrails; ++r) {
       per_group[r % per_group.size()].push_back(domains[r % domains.size()]);
     }

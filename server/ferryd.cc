@@ -48,6 +48,9 @@ int main(int argc, char** argv) {
   app.add_option("--domain", options.engine.domains, "libfabric domain(s) to open rails on");
   app.add_option("--rails", options.engine.rails, "number of rails (0: one per domain)")
       ->capture_default_str();
+  app.add_option("--progress-threads", options.engine.progress_threads,
+                 "progress threads the rails are dealt to (0: one per rail, up to half the CPUs)")
+      ->capture_default_str();
   options.engine.topology = true;
   app.add_option("--topology", options.engine.topology,
                  "with --rails 0: one progress thread per GPU with the NICs under its PCIe "
@@ -149,8 +152,9 @@ int main(int argc, char** argv) {
                               {"node", (*node)->id()}}
                    .dump()
             << std::endl;
-  spdlog::info("node {} listening on {}:{} with {} rail(s) of {}", (*node)->id(), host, bound,
-               (*node)->engine().rails().size(), (*node)->engine().rails()[0].provider);
+  spdlog::info("node {} listening on {}:{} with {} rail(s) of {} on {} progress thread(s)",
+               (*node)->id(), host, bound, (*node)->engine().rails().size(),
+               (*node)->engine().rails()[0].provider, (*node)->engine().progress_threads());
   std::thread waiter([&server, signals] {
     int sig = 0;
     sigwait(&signals, &sig);

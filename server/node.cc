@@ -212,9 +212,15 @@ nlohmann::json Node::Info() const {
     absl::ReaderMutexLock lock(&mu_);
     spare = spare_total_;
   }
-  return {{"id", id()},           {"version", "0.1.0"},       {"host", engine::HostId()},
-          {"rails", rails},       {"devices", devices},       {"cuda_built", engine::CudaBuilt()},
-          {"spare_bytes", spare}, {"bell", engine::HexEncode(engine_->bell_address())}};
+  return {{"id", id()},
+          {"version", "0.1.0"},
+          {"host", engine::HostId()},
+          {"rails", rails},
+          {"progress_threads", engine_->progress_threads()},
+          {"devices", devices},
+          {"cuda_built", engine::CudaBuilt()},
+          {"spare_bytes", spare},
+          {"bell", engine::HexEncode(engine_->bell_address())}};
 }
 
 absl::StatusOr<RegionInfo> Node::AllocateRegion(engine::Device device, uint64_t size,

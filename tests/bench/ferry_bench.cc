@@ -46,7 +46,7 @@ struct EngineFlags {
   uint64_t total = 256 << 20;
   std::vector<std::string> layouts = {"contiguous", "scattered"};
   int iters = 15;
-  size_t threads = 1;
+  size_t threads = 0;  // 0: the engine's default (AutoProgressThreads)
   size_t window = 64;
   size_t depth = 0;
   uint64_t inflight = 0;
@@ -197,6 +197,7 @@ class EngineSession {
   const engine::TransferRequest& request() const { return reqs_[0]; }
   const std::vector<uint64_t>& bytes_per_rail() const { return bytes_per_rail_; }
   uint64_t writes() const { return writes_; }  // WRITEs of the last transfer
+  size_t threads() const { return engine_->progress_threads(); }
 
  private:
   EngineSession() = default;
@@ -213,6 +214,7 @@ struct Row {
   size_t rails = 0;
   size_t writes = 0;         // pieces: the raw loop's WRITEs
   uint64_t engine_writes = 0;  // the engine's (merged, cut and gathered)
+  size_t threads = 0;          // the engine's progress threads
   double seconds = 0, raw_seconds = 0;
   Spread ratio;  // over passes of raw time / engine time (paired: same moment)
   std::vector<uint64_t> bytes_per_rail;
@@ -260,9 +262,16 @@ absl::StatusOr<Row> Measure(const EngineFlags& f, RawSession* raw, testing::Subp
       return absl::DataLossError("verify: " + reply["error"].get<std::string>());
     }
   }
-  return Row{layout,          piece,           rails,
-             writes.size(),   eng->writes(),   Median(times[1]),
-             Median(times[0]), PairedRatios(times[0], times[1]), eng->bytes_per_rail()};
+  return Row{layout,
+             piece,
+             rails,
+             writes.size(),
+             eng->writes(),
+             eng->threads(),
+             Median(times[1]),
+             Median(times[0]),
+             PairedRatios(times[0], times[1]),
+             eng->bytes_per_rail()};
 }
 
 // The second target, on the same moments as for the raw ratio: 64 KiB scattered and 4 MiB
@@ -319,9 +328,10 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
     std::printf("# ferry-bench engine: provider %s, domain %s, %d iterations (median), "
                 "raw baseline = one endpoint, fi_write loop, window %zu, run alternately with the "
                 "engine; ratio = median of paired raw/engine times, p25-p75 their quartiles; "
-                "engine CQs %s wait fds\n",
+                "engine CQs %s wait fds; progress threads per engine: one per rail, at most %zu\n",
                 f.provider.c_str(), f.domain.c_str(), f.iters, f.window,
-                f.wait_fds ? "with" : "without");
+                f.wait_fds ? "with" : "without",
+                f.threads == 0 ? engine::AutoProgressThreads(SIZE_MAX) : f.threads);
     std::printf("%-10s %5s %9s %5s %11s %9s %9s %10s %10s %9s %6s %9s %7s\n", "layout",
                 "rails", "bytes", "iters", "total", "time", "MB/sec", "usec/xfer", "Mxfers/sec",
                 "raw MB/s", "ratio", "p25-p75", "WRITEs");
@@ -363,6 +373,7 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
                                       {"usec_per_xfer", row.seconds * 1e6 / xfers},
                                       {"raw_mb_per_sec", raw_mbps},
                                       {"engine_writes", row.engine_writes},
+                                      {"threads", row.threads},
                                       {"wait_fds", f.wait_fds},
                                       {"ratio", row.ratio.median},
                                       {"ratio_p25", row.ratio.p25},
@@ -455,7 +466,8 @@ int main(int argc, char** argv) {
   eng->add_option("--total", ef.total, "bytes per transfer");
   eng->add_option("--layout", ef.layouts, "contiguous and/or scattered")->delimiter(',');
   eng->add_option("--iters", ef.iters, "timed iterations (median reported)");
-  eng->add_option("--threads", ef.threads, "progress threads per engine");
+  eng->add_option("--threads", ef.threads,
+                  "progress threads per engine (0: one per rail, up to half the CPUs)");
   eng->add_option("--window", ef.window, "raw baseline: WRITEs in flight");
   eng->add_option("--depth", ef.depth, "engine: WRITEs in flight per rail (0: provider's tx size)");
   eng->add_option("--inflight", ef.inflight, "engine: bytes in flight per rail (0: default)");

@@ -3,10 +3,12 @@
 #include "engine/engine.h"
 
 #include <gmock/gmock.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -454,9 +456,6 @@ TEST(EngineCreateTest, RejectsBadOptions) {
   o.provider = "pigeon";
   EXPECT_THAT(Engine::Create(o), StatusIs(absl::StatusCode::kInvalidArgument));
   o = {};
-  o.progress_threads = 0;
-  EXPECT_THAT(Engine::Create(o), StatusIs(absl::StatusCode::kInvalidArgument));
-  o = {};
   o.domains = {"no-such-nic"};
   EXPECT_THAT(Engine::Create(o), StatusIs(absl::StatusCode::kNotFound));
 }
@@ -477,6 +476,50 @@ TEST(EngineCreateTest, ReportsRailsFromGetinfo) {
   }
   EXPECT_NE(engine->rails()[0].address, engine->rails()[1].address);
   EXPECT_TRUE(engine->rails()[0].placement.empty());  // dealt round robin, not placed
+}
+
+size_t AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  return static_cast<size_t>(CPU_COUNT(&set));
+}
+
+TEST(EngineCreateTest, StartsAThreadPerRailUpToHalfTheCpusUnlessTold) {
+  if (!ProviderAvailable("tcp")) GTEST_SKIP() << "no tcp provider";
+  EngineOptions o;
+  o.domains = {"lo"};
+  o.rails = 3;
+  const size_t expected = std::max<size_t>(1, std::min<size_t>(3, AllowedCpus() / 2));
+  EXPECT_EQ(AutoProgressThreads(3), expected);
+  EXPECT_EQ(AutoProgressThreads(0), 1u);
+  ASSERT_OK_AND_ASSIGN(auto automatic, Engine::Create(o));
+  EXPECT_EQ(automatic->progress_threads(), expected);
+  EXPECT_EQ(automatic->rails().size(), 3u);
+  o.progress_threads = 2;
+  ASSERT_OK_AND_ASSIGN(auto two, Engine::Create(o));
+  EXPECT_EQ(two->progress_threads(), 2u);
+  o.progress_threads = 8;  // more threads than rails: one per rail
+  ASSERT_OK_AND_ASSIGN(auto eight, Engine::Create(o));
+  EXPECT_EQ(eight->progress_threads(), 3u);
+
+  // The mask of the creating thread is the one that counts: on one CPU, one thread.
+  cpu_set_t saved;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(saved), &saved), 0);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (size_t c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &saved)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  }
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  o.progress_threads = 0;
+  auto pinned = Engine::Create(o);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
+  ASSERT_OK(pinned.status());
+  EXPECT_EQ((*pinned)->progress_threads(), 1u);
 }
 
 // CPU seconds the process uses while this thread sleeps for `wall` (to the nanosecond: the

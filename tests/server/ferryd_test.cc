@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "engine/cuda.h"
+#include "engine/engine.h"
 #include "nlohmann/json.hpp"
 #include "server/node.h"
 #include "tests/testing/ferryd_process.h"
@@ -152,8 +153,17 @@ TEST_F(FerrydTest, HealthAndNodeDescribeTheNode) {
   ASSERT_EQ(j["rails"].size(), 2u);
   EXPECT_EQ(j["rails"][0]["provider"], "tcp;ofi_rxm");
   EXPECT_FALSE(j["rails"][0]["address"].get<std::string>().empty());
+  EXPECT_EQ(j["progress_threads"], engine::AutoProgressThreads(2));
   EXPECT_EQ(j["devices"], json::array({"host"}));
   EXPECT_HTTP_ERROR(c.Get("/v1/nothing"), 404, "NOT_FOUND");
+}
+
+TEST_F(FerrydTest, RailsGoToTheProgressThreadsAsked) {
+  b_ = std::make_unique<Ferryd>(TempDir("b"), std::vector<std::string>{"--progress-threads", "2"});
+  ASSERT_NO_FATAL_FAILURE(b_->Start());
+  auto j = json::parse(b_->Client().Get("/v1/node")->body);
+  EXPECT_EQ(j["rails"].size(), 2u);
+  EXPECT_EQ(j["progress_threads"], 2);
 }
 
 TEST_F(FerrydTest, RegionsAreAllocatedListedAndDeletedAndBadInputIsRefused) {
