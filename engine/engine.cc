@@ -805,7 +805,7 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
       if (part->data_unresolved > 0) ++data_pending;
     }
     state->parts_alive.store(alive);
-    state->parts_data_pending.store(data_pending);
+    state->parts_data_pending.store(data_pending + (state->tail != nullptr ? 1 : 0));
     // Counted before any part runs (it may end before Submit returns); the peer is told.
     ++peer->second.live;
     state->counted = true;

@@ -575,9 +575,8 @@ void ProgressGroup::AddPart(std::unique_ptr<Part> part) {
   for (WriteOp& op : p->ops) {
     if (&op != t.tail) Route(&op, t.peer, now);
   }
-  if (p->data_unresolved == 0 && t.tail_part == p && t.parts_data_pending.load() == 0) {
-    QueueTail(p->transfer);  // the tail is the transfer's only WRITE
-  }
+  // Every other WRITE may have completed already (on other groups, or there is none).
+  if (t.tail_part == p && t.parts_data_pending.fetch_sub(1) == 1) QueueTail(p->transfer);
   for (size_t k = 0; k < rails_.size(); ++k) PostWrites(k);
 }
 

@@ -104,7 +104,10 @@ struct TransferState {
   std::vector<RegionId> pinned;  // released once every part has retired
 
   std::atomic<bool> finished{false};       // a result is set: queued work is dropped
-  std::atomic<int> parts_data_pending{0};  // parts whose non-tail WRITEs are not all done
+  // Parts whose non-tail WRITEs are not all done, plus one, when there is a tail, that the
+  // tail group drops once it holds the tail's part (AddPart): the tail is queued by whoever
+  // takes this to 0, exactly once, and never before its part is in its group.
+  std::atomic<int> parts_data_pending{0};
   std::atomic<int> parts_alive{0};         // parts whose ops are not all resolved
   // The WRITE that carries the immediate, held back until every other WRITE has completed.
   // It lives in `tail_part`, owned by `tail_group`: other groups compare these pointers but

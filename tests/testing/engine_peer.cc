@@ -125,8 +125,10 @@ int RunEnginePeer(int argc, char** argv) {
       absl::MutexLock lock(&state->mu);
       reply = {{"ok", s.ok()}, {"fires", state->fires[tag]}};
     } else if (cmd == "fires") {
+      const uint64_t tag = req["tag"].get<uint64_t>();
       absl::MutexLock lock(&state->mu);
-      reply = {{"fires", state->fires[req["tag"].get<uint64_t>()]}};
+      reply = {{"fires", state->fires[tag]},
+               {"arrived", counters.count(tag) == 0 ? 0 : counters[tag]->arrived()}};
     } else if (cmd == "awake") {
       awake = (*engine)->KeepAwake();
       reply = {{"ok", true}};
