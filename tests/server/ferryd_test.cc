@@ -160,7 +160,11 @@ TEST_F(FerrydTest, HealthAndNodeDescribeTheNode) {
   EXPECT_EQ(j["rails"][0]["provider"], "tcp;ofi_rxm");
   EXPECT_FALSE(j["rails"][0]["address"].get<std::string>().empty());
   EXPECT_EQ(j["progress_threads"], 2);
-  EXPECT_EQ(j["devices"], json::array({"host"}));
+  json devices = {"host"};  // and every GPU there is
+  for (int i = 0; i < engine::CudaDeviceCount(); ++i) {
+    devices.push_back("cuda:" + std::to_string(i));
+  }
+  EXPECT_EQ(j["devices"], devices);
   EXPECT_HTTP_ERROR(c.Get("/v1/nothing"), 404, "NOT_FOUND");
 }
 
