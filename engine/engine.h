@@ -39,7 +39,7 @@ struct EngineOptions {
   // per rail, up to half the CPUs this process may run on (AutoProgressThreads). On tcp the
   // thread that posts a WRITE also copies it into the kernel, so rails add bandwidth only with
   // threads of their own: on a 16-core machine 4 and 8 rails moved 18-22 GB/s over loopback
-  // with a thread each and 4.5-5 GB/s with one thread for all (README). Default: 0.
+  // with a thread each and 4.2-5.7 GB/s with one thread for all (README). Default: 0.
   size_t progress_threads = 0;
   // With rails = 0: place the rails by the machine's topology (hwloc) instead: one group per
   // GPU with the NICs under its PCIe switch, then a host-memory group with the other NICs;
