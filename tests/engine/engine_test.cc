@@ -350,9 +350,9 @@ TEST_P(EngineTest, EachTailGoesOnceWhenItsRailHasAThreadOfItsOwn) {
   std::vector<Transfer> window;
   for (uint64_t i = 0; i < kTransfers; ++i) {
     // Two pieces: one for each rail, the second (rail 1, thread 1) the tail.
-    const uint64_t slot = i % 32;
+    const uint64_t slot = (i % 32) * 4 * kPiece;
     auto req = Request({{0, (i % 8) * 2 * kPiece, 2 * kPiece}}, src_buf.region,
-                       {{0, slot * 4 * kPiece, kPiece}, {0, slot * 4 * kPiece + 2 * kPiece, kPiece}});
+                       {{0, slot, kPiece}, {0, slot + 2 * kPiece, kPiece}});
     req.immediate = 9;
     ASSERT_OK_AND_ASSIGN(Transfer t, engine_->Submit(std::move(req)));
     window.push_back(std::move(t));
