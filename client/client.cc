@@ -41,8 +41,8 @@ nlohmann::json ExtentsJson(const std::vector<Extent>& layout) {
 
 absl::StatusOr<nlohmann::json> JsonBody(const httplib::Result& r, const std::string& what) {
   RETURN_IF_ERROR(StatusFromResult(r, what));
-  auto j = nlohmann::json::parse(r->body, nullptr, false);
-  if (j.is_discarded()) return absl::UnknownError(what + ": node sent bad JSON");
+  auto j = server::ParseJson(r->body);
+  if (!j.ok()) return absl::UnknownError(what + ": node sent bad JSON");
   return j;
 }
 

@@ -459,34 +459,34 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
     }));
   }
   const absl::Time woken = absl::Now();
-  // Filled at distinct indices by the groups, read after their completions.
+  // Filled at distinct indices by the groups, read after their completions: each rail's AV
+  // entry and the hello that answers for it.
   auto fi_addrs = std::make_shared<std::vector<uint64_t>>(rails_.size(), FI_ADDR_NOTAVAIL);
+  auto answers_of = std::make_shared<std::vector<std::shared_ptr<Completion>>>(rails_.size());
   std::vector<std::shared_ptr<Completion>> inserted;
-  std::vector<std::pair<size_t, std::shared_ptr<Completion>>> hellos;  // engine rail, its hello
   const std::string hello = EncodeControl(ControlType::kHello, node_id_, "");
   for (size_t g = 0; g < groups_.size(); ++g) {
     auto done = std::make_shared<Completion>();
-    std::vector<std::pair<size_t, std::shared_ptr<Completion>>> rail_hellos;
-    for (size_t r = 0; r < rails_.size(); ++r) {
-      if (rail_refs_[r].group != g) continue;
-      rail_hellos.emplace_back(r, std::make_shared<Completion>());
-      hellos.push_back(rail_hellos.back());
-    }
-    groups_[g]->Run([this, fi_addrs, done, rail_hellos, hello,
+    groups_[g]->Run([this, g, fi_addrs, answers_of, done, hello,
                      remote = peer.rails](ProgressGroup& pg) {
-      for (const auto& [r, hello_done] : rail_hellos) {
-        auto fa = pg.rail(rail_refs_[r].index_in_group).Insert(remote[r % remote.size()]);
-        if (!fa.ok()) {
-          done->Set(fa.status());
-          hello_done->Set(fa.status());
+      absl::Status status;
+      for (size_t r = 0; r < rails_.size(); ++r) {
+        if (rail_refs_[r].group != g) continue;
+        // First contact: one small message per rail pair sets the connection up now, so the
+        // first transfer does not pay for it. A hello still unanswered from an earlier try is
+        // waited for instead of sent again.
+        auto contact =
+            pg.ContactAddress(rail_refs_[r].index_in_group, remote[r % remote.size()], hello);
+        if (!contact.ok()) {
+          if (status.ok()) status = contact.status();
+          (*answers_of)[r] = std::make_shared<Completion>();
+          (*answers_of)[r]->Set(contact.status());
           continue;
         }
-        (*fi_addrs)[r] = *fa;
-        // First contact: one small message per rail pair sets the connection up now, so the
-        // first transfer does not pay for it.
-        pg.QueueSend(rail_refs_[r].index_in_group, *fa, hello, hello_done);
+        (*fi_addrs)[r] = contact->addr;
+        (*answers_of)[r] = contact->hello;
       }
-      done->Set(absl::OkStatus());
+      done->Set(status);
     });
     inserted.push_back(done);
   }
@@ -495,6 +495,8 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
     absl::Status s = c->Wait(absl::InfiniteFuture());
     if (status.ok()) status = s;
   }
+  std::vector<std::pair<size_t, std::shared_ptr<Completion>>> hellos;  // engine rail, its hello
+  for (size_t r = 0; r < rails_.size(); ++r) hellos.emplace_back(r, (*answers_of)[r]);
   const bool inserted_all = status.ok();
   // Each rail gets rail_stall_timeout to answer. Once one has, the peer is reachable: a rail
   // that failed or has not answered by then starts resting for this peer, as it would after
@@ -519,7 +521,7 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
   if (!inserted_all || !reached) {
     for (size_t g = 0; g < groups_.size(); ++g) {
       IgnoreError(groups_[g]->RunAndWait([addrs = GroupAddresses(g, *fi_addrs)](ProgressGroup& pg) {
-        pg.RemoveAddresses(addrs);
+        pg.ReleaseAddresses(addrs);
         return absl::OkStatus();
       }));
     }
@@ -636,7 +638,7 @@ absl::Status Engine::RemovePeer(PeerId id) {
   for (size_t g = 0; g < groups_.size(); ++g) {
     IgnoreError(groups_[g]->RunAndWait([&, addrs = GroupAddresses(g, peer.fi_addrs)](ProgressGroup& pg) {
       pg.FailPeer(id, gone);
-      pg.RemoveAddresses(addrs);
+      pg.ReleaseAddresses(addrs);
       return absl::OkStatus();
     }));
   }

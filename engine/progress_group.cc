@@ -30,8 +30,10 @@ constexpr absl::Duration kSpinAfterWake = absl::Microseconds(200);
 // the providers' wait fds (for at most kScanPeriod) instead of spinning: on a software
 // provider the kernel's network stack needs the cores a spinning thread would take.
 constexpr absl::Duration kSpinWhileBusy = absl::Microseconds(50);
-// Send slots per rail for control messages.
-constexpr size_t kSendSlots = 32;
+// Send slots per rail for control messages, and how many of them a hello may not take: a
+// hello to a peer that never answers keeps its slot.
+constexpr size_t kSendSlots = 64;
+constexpr size_t kReservedSendSlots = 16;
 // Receives posted on the bell: rings are small and consumed at once.
 constexpr size_t kBellReceives = 8;
 
@@ -281,26 +283,88 @@ std::string ProgressGroup::bell_address() const {
 
 absl::StatusOr<fi_addr_t> ProgressGroup::AddBell(const std::string& address) {
   if (bell_ == nullptr) return absl::FailedPreconditionError("this engine has no bell");
-  ASSIGN_OR_RETURN(fi_addr_t fa, bell_->rail->Insert(address));
-  bells_.insert(fa);
+  ASSIGN_OR_RETURN(fi_addr_t fa, AcquireAddress(*bell_, address));
+  ++bells_[fa];
   return fa;
 }
 
 void ProgressGroup::RemoveBell(fi_addr_t bell) {
-  if (!bells_.erase(bell)) return;
-  // A ring not yet posted must not go to an address the AV no longer has (rxm would follow
-  // it to a connection that is gone).
-  std::erase_if(bell_->pending_sends, [&](SendOp* op) {
-    if (op->dest != bell) return false;
-    FinishSend(*bell_, op, absl::CancelledError("peer removed"));
+  auto it = bells_.find(bell);
+  if (it == bells_.end()) return;
+  if (--it->second == 0) bells_.erase(it);
+  ReleaseAddress(*bell_, bell);
+}
+
+absl::StatusOr<fi_addr_t> ProgressGroup::AcquireAddress(RailState& rs,
+                                                        const std::string& address) {
+  auto known = rs.av_by_name.find(address);
+  if (known != rs.av_by_name.end()) {
+    ++rs.av[known->second].users;
+    return known->second;
+  }
+  ASSIGN_OR_RETURN(fi_addr_t fa, rs.rail->Insert(address));
+  rs.av_by_name.emplace(address, fa);
+  AvEntry& e = rs.av[fa];
+  e.name = address;
+  e.users = 1;
+  return fa;
+}
+
+void ProgressGroup::ReleaseAddress(RailState& rs, fi_addr_t addr) {
+  auto it = rs.av.find(addr);
+  if (it == rs.av.end() || it->second.users == 0) return;
+  if (--it->second.users > 0) return;
+  // Nothing more goes to it: control messages not yet posted are cancelled.
+  std::erase_if(rs.pending_sends, [&](SendOp* op) {
+    if (op->dest != addr) return false;
+    FinishSend(rs, op, absl::CancelledError("peer removed"));
     return true;
   });
-  fi_av_remove(bell_->rail->av(), &bell, 1, 0);
+  MaybeForget(rs, addr);
+}
+
+void ProgressGroup::OpPosted(RailState& rs, fi_addr_t addr) {
+  auto it = rs.av.find(addr);
+  if (it != rs.av.end()) ++it->second.ops;
+}
+
+void ProgressGroup::OpCompleted(RailState& rs, fi_addr_t addr) {
+  auto it = rs.av.find(addr);
+  if (it == rs.av.end() || it->second.ops == 0) return;
+  --it->second.ops;
+  MaybeForget(rs, addr);
+}
+
+void ProgressGroup::MaybeForget(RailState& rs, fi_addr_t addr) {
+  auto it = rs.av.find(addr);
+  if (it == rs.av.end() || it->second.users > 0 || it->second.ops > 0) return;
+  fi_av_remove(rs.rail->av(), &addr, 1, 0);
+  rs.av_by_name.erase(it->second.name);
+  rs.av.erase(it);
+}
+
+absl::StatusOr<ProgressGroup::Contact> ProgressGroup::ContactAddress(size_t rail,
+                                                                     const std::string& address,
+                                                                     const std::string& hello) {
+  RailState& rs = *rails_[rail];
+  ASSIGN_OR_RETURN(fi_addr_t fa, AcquireAddress(rs, address));
+  AvEntry& e = rs.av[fa];
+  if (e.hello == nullptr) {
+    auto done = std::make_shared<Completion>();
+    QueueSendOn(rs, fa, hello, done, /*first_contact=*/true);
+    if (done->Wait(absl::InfinitePast()).code() == absl::StatusCode::kResourceExhausted) {
+      ReleaseAddress(rs, fa);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "rail ", engine_->EngineRail(index_, rail), ": too many first contacts unanswered"));
+    }
+    e.hello = std::move(done);
+  }
+  return Contact{fa, e.hello};
 }
 
 void ProgressGroup::Ring(fi_addr_t bell, RingKind kind) {
   // Rings queued for a peer removed since are dropped here.
-  if (!bells_.contains(bell) || bell_->free_sends.empty()) return;
+  if (!bells_.contains(bell) || bell_->free_sends.size() <= kReservedSendSlots) return;
   // Nobody waits for a ring: a lost one is made up for by the next, or by the sleeper's
   // once-a-second poll.
   QueueSendOn(*bell_, bell,
@@ -509,6 +573,7 @@ bool ProgressGroup::PostWrites(size_t index) {
       next = QueueFront(rs);  // the failure may have purged the queue
     } else {
       op->posted = true;
+      OpPosted(rs, op->dest);
       PeerHealth& h = rs.health[op->part->transfer->peer];
       if (h.in_flight++ == 0) h.last_progress = absl::Now();
       posted = true;
@@ -530,6 +595,8 @@ bool ProgressGroup::PostSends(RailState& rs) {
       FinishSend(rs, op, FiError(rc, "fi_send"));
       continue;
     }
+    op->posted = true;
+    OpPosted(rs, op->dest);
     posted = true;
   }
   return posted;
@@ -537,8 +604,14 @@ bool ProgressGroup::PostSends(RailState& rs) {
 
 void ProgressGroup::FinishSend(RailState& rs, SendOp* op, const absl::Status& status) {
   op->done->Set(status);
-  op->done.reset();
   rs.free_sends.push_back(op->slot);
+  if (op->posted) {
+    op->posted = false;
+    auto it = rs.av.find(op->dest);
+    if (it != rs.av.end() && it->second.hello == op->done) it->second.hello.reset();
+    OpCompleted(rs, op->dest);
+  }
+  op->done.reset();
 }
 
 void ProgressGroup::QueueSend(size_t rail, fi_addr_t dest, std::string message,
@@ -547,12 +620,12 @@ void ProgressGroup::QueueSend(size_t rail, fi_addr_t dest, std::string message,
 }
 
 void ProgressGroup::QueueSendOn(RailState& rs, fi_addr_t dest, std::string message,
-                                std::shared_ptr<Completion> done) {
+                                std::shared_ptr<Completion> done, bool first_contact) {
   if (message.size() > control_slot_) {
     done->Set(absl::InvalidArgumentError("control message too large"));
     return;
   }
-  if (rs.free_sends.empty()) {
+  if (rs.free_sends.size() <= (first_contact ? kReservedSendSlots : 0)) {
     done->Set(absl::ResourceExhaustedError("all control send slots are in use"));
     return;
   }
@@ -614,6 +687,7 @@ void ProgressGroup::OnWriteDone(WriteOp* op, const absl::Status& status) {
   Part* part = op->part;
   std::shared_ptr<TransferState> t = part->transfer;  // keeps t alive past ResolveOp
   if (op->posted) {
+    OpCompleted(rs, op->dest);
     auto h = rs.health.find(t->peer);
     if (h != rs.health.end() && h->second.in_flight > 0) {
       const absl::Time now = absl::Now();
@@ -860,10 +934,9 @@ void ProgressGroup::CheckStalls(absl::Time now) {
   }
 }
 
-void ProgressGroup::RemoveAddresses(const std::vector<fi_addr_t>& addrs) {
+void ProgressGroup::ReleaseAddresses(const std::vector<fi_addr_t>& addrs) {
   for (size_t i = 0; i < rails_.size() && i < addrs.size(); ++i) {
-    fi_addr_t fa = addrs[i];
-    if (fa != FI_ADDR_NOTAVAIL) fi_av_remove(rails_[i]->rail->av(), &fa, 1, 0);
+    if (addrs[i] != FI_ADDR_NOTAVAIL) ReleaseAddress(*rails_[i], addrs[i]);
   }
 }
 

@@ -86,6 +86,7 @@ struct SendOp : OpBase {
   size_t slot = 0;
   size_t length = 0;
   fi_addr_t dest = FI_ADDR_UNSPEC;
+  bool posted = false;  // handed to the provider (its completion is still to come)
   std::shared_ptr<Completion> done;  // shared with the sender, who waits on it
 };
 
@@ -190,8 +191,17 @@ class ProgressGroup {
   void AddPart(std::unique_ptr<Part> part);
   void QueueTail(const std::shared_ptr<TransferState>& transfer);
   void FailPeer(PeerId peer, const absl::Status& status);
-  // Removes addrs[i] from rail i's AV (FI_ADDR_NOTAVAIL entries are skipped).
-  void RemoveAddresses(const std::vector<fi_addr_t>& addrs);
+  // First contact on rail `rail`: the address's AV entry (shared by every peer that names it)
+  // and the completion of a hello sent to it, which is the one still unanswered when there is
+  // one. kResourceExhausted: too many first contacts unanswered on this rail.
+  struct Contact {
+    fi_addr_t addr = FI_ADDR_NOTAVAIL;
+    std::shared_ptr<Completion> hello;
+  };
+  absl::StatusOr<Contact> ContactAddress(size_t rail, const std::string& address,
+                                         const std::string& hello);
+  // Lets go of addrs[i] on rail i (FI_ADDR_NOTAVAIL entries are skipped): see ReleaseAddress.
+  void ReleaseAddresses(const std::vector<fi_addr_t>& addrs);
   // Posts a control message (already framed) on rail `rail`.
   void QueueSend(size_t rail, fi_addr_t dest, std::string message,
                  std::shared_ptr<Completion> done);
@@ -210,8 +220,19 @@ class ProgressGroup {
     absl::Time resting_until = absl::InfinitePast();  // down: no new WRITEs before then
     absl::Duration backoff;      // the last rest; zero once a WRITE completes again
   };
+  // A peer address in a rail's AV. It stays there while a peer names it or the provider holds
+  // an operation for it: tcp;ofi_rxm (1.17) crashes on the next post after an address was
+  // removed under a queued operation (a hello to a peer that never answers stays queued).
+  struct AvEntry {
+    std::string name;
+    size_t users = 0;  // peers (or bells) that hold it
+    size_t ops = 0;    // operations posted to it whose completion has not come
+    std::shared_ptr<Completion> hello;  // an unanswered first contact
+  };
   struct RailState {
     std::unique_ptr<Rail> rail;
+    absl::flat_hash_map<fi_addr_t, AvEntry> av;
+    absl::flat_hash_map<std::string, fi_addr_t> av_by_name;
     std::deque<WriteOp*> queue;  // the application-level queue: WRITEs not yet posted
     uint64_t queued_bytes = 0;
     size_t in_flight = 0;
@@ -245,8 +266,19 @@ class ProgressGroup {
   // Rail `thief` ran dry: it takes queued WRITEs from the group's most loaded rail.
   bool Steal(size_t thief);
   bool PostSends(RailState& rs);
+  // `first_contact`: a hello, which must leave kReservedSendSlots free (a hello to a peer that
+  // never answers keeps its slot).
   void QueueSendOn(RailState& rs, fi_addr_t dest, std::string message,
-                   std::shared_ptr<Completion> done);
+                   std::shared_ptr<Completion> done, bool first_contact = false);
+  // The AV entry of `address` on `rs`, inserted at first use; one more user.
+  absl::StatusOr<fi_addr_t> AcquireAddress(RailState& rs, const std::string& address);
+  // One user fewer; with none left, sends not yet posted to it are cancelled, and the entry
+  // leaves the AV once the provider holds no operation for it.
+  void ReleaseAddress(RailState& rs, fi_addr_t addr);
+  // An operation to `addr` was posted / completed.
+  void OpPosted(RailState& rs, fi_addr_t addr);
+  void OpCompleted(RailState& rs, fi_addr_t addr);
+  void MaybeForget(RailState& rs, fi_addr_t addr);
   void PostRecv(RailState& rs, RecvOp& op);
   void OnWriteDone(WriteOp* op, const absl::Status& status);
   void ResolveOp(Part* part, bool is_tail);
@@ -297,7 +329,7 @@ class ProgressGroup {
   int event_fd_ = -1;
   bool all_fd_ = true;  // every rail's CQ has a wait fd
   std::unique_ptr<RailState> bell_;  // group 0's, where the provider gives it a wait fd
-  absl::flat_hash_set<fi_addr_t> bells_;  // peers' bells in its AV
+  absl::flat_hash_map<fi_addr_t, int> bells_;  // peers' bells in its AV, and how many peers each
   bool bell_ready_ = false;          // its fd was readable
   absl::Time next_bell_poll_ = absl::InfinitePast();
   size_t control_slot_ = 0;

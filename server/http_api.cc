@@ -36,11 +36,14 @@ absl::StatusOr<nlohmann::json> ParseBody(const httplib::Request& req) {
     raw = json.substr(nl + 1);
     json = json.substr(0, nl);
   }
-  auto j = nlohmann::json::parse(json, nullptr, false);
-  if (j.is_discarded()) return absl::InvalidArgumentError("request body is not valid JSON");
+  auto parsed = ParseJson(json);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("request body: ", parsed.status().message()));
+  }
+  nlohmann::json& j = *parsed;
   if (!j.is_object()) return absl::InvalidArgumentError("request body must be a JSON object");
   if (with_extents) j["extents_raw"] = std::string(raw);
-  return j;
+  return std::move(j);
 }
 
 absl::StatusOr<std::optional<uint64_t>> VersionParam(const httplib::Request& req) {

@@ -57,9 +57,9 @@ absl::Status StatusFromResult(const httplib::Result& result, const std::string& 
     return absl::UnavailableError(msg);
   }
   if (result->status >= 200 && result->status < 300) return absl::OkStatus();
-  auto j = nlohmann::json::parse(result->body, nullptr, false);
-  if (!j.is_discarded() && j.contains("error") && j["error"].is_object()) {
-    const auto& e = j["error"];
+  auto j = ParseJson(result->body);
+  if (j.ok() && j->is_object() && j->contains("error") && (*j)["error"].is_object()) {
+    const auto& e = (*j)["error"];
     absl::Status s(CodeFromName(e.value("code", "UNKNOWN")),
                    absl::StrCat(context, ": ", e.value("message", "")));
     if (result->status == 409 && s.code() == absl::StatusCode::kFailedPrecondition) {
@@ -69,6 +69,37 @@ absl::Status StatusFromResult(const httplib::Result& result, const std::string& 
     return s;
   }
   return absl::UnknownError(absl::StrCat(context, ": HTTP ", result->status));
+}
+
+absl::StatusOr<nlohmann::json> ParseJson(std::string_view text, size_t max_depth) {
+  // One pass over the text, outside strings, before any recursion can start.
+  size_t depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("JSON nested deeper than ", max_depth, " levels"));
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("not valid JSON");
+  return j;
 }
 
 std::string EncodeName(const std::string& name) {

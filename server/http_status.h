@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 
 namespace httplib {
@@ -28,6 +29,12 @@ void WriteError(httplib::Response& res, const absl::Status& s);
 // kDeadlineExceeded on a timeout); an error body gives its code and message; `context`
 // is prefixed.
 absl::Status StatusFromResult(const httplib::Result& result, const std::string& context);
+
+// Bodies nested deeper than this are refused before they are parsed (nlohmann's DOM copies
+// and destroys recursively: a deep enough body overflows the stack).
+inline constexpr size_t kMaxJsonDepth = 64;
+// Parses `text` as JSON. kInvalidArgument: not JSON, or nested deeper than `max_depth`.
+absl::StatusOr<nlohmann::json> ParseJson(std::string_view text, size_t max_depth = kMaxJsonDepth);
 
 // An object name as one URL path segment: "/" is written %2F.
 std::string EncodeName(const std::string& name);

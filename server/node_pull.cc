@@ -448,8 +448,9 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
   auto get_json = [&](const std::string& target) -> absl::StatusOr<nlohmann::json> {
     auto got = client.Get(target.c_str(), headers);
     RETURN_IF_ERROR(StatusFromResult(got, "source " + from));
-    auto j = nlohmann::json::parse(got->body, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) {
+    auto parsed = ParseJson(got->body);
+    nlohmann::json j = parsed.ok() ? std::move(*parsed) : nlohmann::json();
+    if (!j.is_object()) {
       return absl::UnavailableError(absl::StrCat("source ", from, " answered ", target,
                                                  " with something that is not a JSON object"));
     }
@@ -625,8 +626,9 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
     return Pull(from, name, version, into, as, replace, PullPath::kStaged);
   }
   if (!s.ok()) return fail(s);
-  auto j = nlohmann::json::parse(answer->body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return fail(absl::UnavailableError("bad pull answer"));
+  auto parsed = ParseJson(answer->body);
+  if (!parsed.ok() || !parsed->is_object()) return fail(absl::UnavailableError("bad pull answer"));
+  const nlohmann::json& j = *parsed;
   PullStats stats;
   stats.object = name;
   stats.version = j.value("version", uint64_t{0});

@@ -3,7 +3,10 @@
 #include "engine/engine.h"
 
 #include <gmock/gmock.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sched.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <unistd.h>
 #include <time.h>
@@ -482,6 +485,56 @@ TEST_P(EngineTest, AddingTheSameAddressTwiceGivesTheSamePeer) {
               StatusIs(absl::StatusCode::kInvalidArgument));
   ASSERT_OK(engine_->RemovePeer(peer_id_));
   EXPECT_THAT(engine_->SendControl(peer_id_, "x"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+// The raw tcp endpoint name (a sockaddr_in) of 127.0.0.1:`port`.
+std::string TcpAddress(uint16_t port) {
+  sockaddr_in sin = {};
+  sin.sin_family = AF_INET;
+  sin.sin_port = htons(port);
+  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return std::string(reinterpret_cast<const char*>(&sin), sizeof(sin));
+}
+
+TEST_P(EngineTest, PeersThatNeverAnswerAreRefusedAndTheEngineKeepsWorking) {
+  if (GetParam().provider != "tcp") GTEST_SKIP() << "tcp addresses";
+  // A listener that accepts connections (the kernel does, into its backlog) and never answers.
+  const int silent = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in sin = {};
+  sin.sin_family = AF_INET;
+  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(silent, reinterpret_cast<sockaddr*>(&sin), sizeof(sin)), 0);
+  ASSERT_EQ(listen(silent, 64), 0);
+  socklen_t len = sizeof(sin);
+  ASSERT_EQ(getsockname(silent, reinterpret_cast<sockaddr*>(&sin), &len), 0);
+  const std::string silent_address = TcpAddress(ntohs(sin.sin_port));
+  // Port 1: nothing listens. Each is tried again after its first contact went unanswered (the
+  // second try used to crash the provider: the address had left the AV under its hello).
+  for (const std::string& address : {TcpAddress(1), silent_address}) {
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      PeerAddress nobody{absl::StrCat("nobody-", attempt), {address}, ""};
+      EXPECT_THAT(engine_->AddPeer(nobody, absl::Now() + absl::Milliseconds(200)),
+                  StatusIs(absl::StatusCode::kDeadlineExceeded));
+    }
+  }
+  // A hello the provider took keeps its send slot until answered (tcp;ofi_rxm holds it back
+  // instead); past a bound such first contacts are refused, and the slots kept for control
+  // messages stay free either way.
+  for (uint16_t port = 2; port < 130; ++port) {
+    PeerAddress nobody{"nobody", {TcpAddress(port)}, ""};
+    ASSERT_THAT(engine_->AddPeer(nobody, absl::Now() + absl::Milliseconds(1)).status().code(),
+                ::testing::AnyOf(absl::StatusCode::kDeadlineExceeded,
+                                 absl::StatusCode::kResourceExhausted));
+  }
+  // A peer already known still gets control messages and WRITEs.
+  ASSERT_NO_FATAL_FAILURE(StartPeer(1 << 20));
+  SourceBuffer src_buf(*engine_, 1 << 20);
+  std::vector<Extent> all = {{0, 0, 1 << 20}};
+  ASSERT_OK(engine_->SendControl(peer_id_, "still here", absl::Now() + absl::Seconds(10)));
+  ASSERT_OK(engine_->Write(Request(all, src_buf.region, all)));
+  ExpectVerified(all, all);
+  close(silent);
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, EngineTest,

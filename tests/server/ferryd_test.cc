@@ -712,6 +712,70 @@ TEST_F(FerrydTest, BadPullsGetTheirCodeAndTheNodesKeepServing) {
   EXPECT_EQ(cb.Get("/v1/health")->status, 200);
 }
 
+TEST_F(FerrydTest, PullsNamingRailsThatNeverAnswerGet503AndTheSourceKeepsServing) {
+  Upload(*a_, "obj", RandomBytes(8192, 7));
+  // 127.0.0.1:1 as a raw tcp endpoint name (sockaddr_in): nothing listens there.
+  sockaddr_in sin = {};
+  sin.sin_family = AF_INET;
+  sin.sin_port = htons(1);
+  sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string hex;
+  for (size_t i = 0; i < sizeof(sin); ++i) {
+    char b[3];
+    snprintf(b, sizeof(b), "%02x", reinterpret_cast<const unsigned char*>(&sin)[i]);
+    hex += b;
+  }
+  const json body = {{"node", "nobody"},
+                     {"rails", {hex}},
+                     {"timeout_ms", 300},
+                     {"regions", {{{"node", "nobody"}, {"addr", 0}, {"length", 8192},
+                                   {"device", "host"}, {"offset_addressing", true},
+                                   {"keys", {1}}}}},
+                     {"extents", {{0, 0, 8192}}}};
+  // Retried: the second try crashed the source (its first hello still queued in the provider
+  // for an address that had left the AV).
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_HTTP_ERROR(a_->Client().Post("/v1/objects/obj/pull", body.dump(), "application/json"),
+                      503, "UNAVAILABLE");
+  }
+  std::vector<std::thread> many;
+  std::atomic<int> refused{0};
+  for (int i = 0; i < 12; ++i) {
+    many.emplace_back([&] {
+      auto r = a_->Client().Post("/v1/objects/obj/pull", body.dump(), "application/json");
+      if (r && r->status == 503) ++refused;
+    });
+  }
+  for (auto& t : many) t.join();
+  EXPECT_EQ(refused, 12);
+  // The source still serves real pulls.
+  ASSERT_NO_FATAL_FAILURE(StartB());
+  auto pulled = b_->Client().Post(
+      "/v1/pulls", json{{"from", a_->url()}, {"object", "obj"}}.dump(), "application/json");
+  ASSERT_TRUE(pulled);
+  EXPECT_EQ(pulled->status, 200) << pulled->body;
+}
+
+TEST_F(FerrydTest, DeeplyNestedJsonIsRefusedWithoutHarm) {
+  ASSERT_NO_FATAL_FAILURE(StartB());
+  auto c = a_->Client();
+  const std::string deep = std::string(150000, '[') + std::string(150000, ']');
+  EXPECT_HTTP_ERROR(c.Put("/v1/objects/x", R"({"extents":)" + deep + "}", "application/json"),
+                    400, "INVALID_ARGUMENT");
+  const std::string deeper = std::string(200000, '[') + std::string(200000, ']');
+  EXPECT_HTTP_ERROR(c.Post("/v1/pulls",
+                           R"({"from":")" + b_->url() + R"(","object":"x","into":)" + deeper + "}",
+                           "application/json"),
+                    400, "INVALID_ARGUMENT");
+  // Brackets inside strings are only characters: refused for what the body says, not its depth.
+  auto in_string = c.Put("/v1/objects/x",
+                         R"({"extents":[[1,0,1]],"note":")" + std::string(100, '[') + R"("})",
+                         "application/json");
+  EXPECT_HTTP_ERROR(in_string, 404, "NOT_FOUND");  // no region 1
+  EXPECT_THAT(in_string->body, ::testing::HasSubstr("no region 1"));
+  EXPECT_EQ(c.Get("/v1/health")->status, 200);
+}
+
 TEST_F(FerrydTest, AfterARestartObjectsAreBackDetachedAndPullsOfThemAreRefused) {
   ASSERT_NO_FATAL_FAILURE(StartB());
   Upload(*a_, "w", RandomBytes(4096, 7));
