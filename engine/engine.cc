@@ -500,17 +500,70 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
   const bool inserted_all = status.ok();
   // Each rail gets rail_stall_timeout to answer. Once one has, the peer is reachable: a rail
   // that failed or has not answered by then starts resting for this peer, as it would after
-  // failing mid-transfer. When none has, all get until the deadline.
-  std::vector<absl::Status> answers(hellos.size());
-  bool reached = false;
+  // failing mid-transfer. When none has, all get until the deadline. A hello refused outright
+  // (a connection the provider shut down while a link was away) is sent again, at growing
+  // intervals, for up to a second after its first refusal: the provider connects afresh for a
+  // new send.
   const absl::Time grace = std::min(deadline, absl::Now() + options_.rail_stall_timeout);
-  for (size_t i = 0; i < hellos.size(); ++i) {
-    answers[i] = hellos[i].second->Wait(grace);
-    reached = reached || answers[i].ok();
-  }
-  for (size_t i = 0; i < hellos.size() && !reached; ++i) {
-    if (absl::IsDeadlineExceeded(answers[i])) answers[i] = hellos[i].second->Wait(deadline);
-    reached = answers[i].ok();
+  const size_t n = hellos.size();
+  std::vector<absl::Status> answers(n, absl::DeadlineExceededError("no answer yet"));
+  std::vector<bool> answered(n, !inserted_all);
+  std::vector<absl::Time> refused_first(n, absl::InfiniteFuture());
+  std::vector<absl::Time> resend_at(n, absl::InfinitePast());
+  std::vector<absl::Duration> pause(n, absl::Milliseconds(10));
+  bool reached = false;
+  while (inserted_all) {
+    const absl::Time now = absl::Now();
+    bool all_answered = true;
+    Completion* pending = nullptr;  // one still unanswered, to wait on below
+    for (size_t i = 0; i < n; ++i) {
+      if (answered[i]) continue;
+      if (resend_at[i] != absl::InfinitePast()) {
+        if (now < resend_at[i]) {
+          all_answered = false;
+          continue;
+        }
+        const RailRef& ref = rail_refs_[hellos[i].first];
+        absl::StatusOr<std::shared_ptr<Completion>> resent;
+        IgnoreError(groups_[ref.group]->RunAndWait(
+            [&, fa = (*fi_addrs)[hellos[i].first]](ProgressGroup& pg) {
+              resent = pg.Hello(ref.index_in_group, fa, hello);
+              return absl::OkStatus();
+            }));
+        resend_at[i] = absl::InfinitePast();
+        if (!resent.ok()) {
+          answers[i] = resent.status();
+          answered[i] = true;
+          continue;
+        }
+        hellos[i].second = *std::move(resent);
+      }
+      absl::Status s = hellos[i].second->Wait(absl::InfinitePast());
+      if (absl::IsDeadlineExceeded(s)) {
+        all_answered = false;
+        pending = hellos[i].second.get();
+        continue;
+      }
+      answers[i] = s;
+      if (!s.ok()) {
+        refused_first[i] = std::min(refused_first[i], now);
+        if (now + pause[i] < std::min(deadline, refused_first[i] + absl::Seconds(1))) {
+          resend_at[i] = now + pause[i];
+          pause[i] *= 2;
+          all_answered = false;
+          continue;
+        }
+      }
+      answered[i] = true;
+      reached = reached || s.ok();
+    }
+    if (all_answered || now >= deadline || (reached && now >= grace)) break;
+    const absl::Time tick = std::min(deadline, now + absl::Milliseconds(1));
+    if (pending != nullptr) {
+      IgnoreError(pending->Wait(tick));
+    } else {
+      absl::SleepFor(tick - now);
+    }
   }
   for (size_t i = 0; i < hellos.size() && status.ok(); ++i) {
     if (!answers[i].ok()) {
@@ -606,6 +659,22 @@ void Engine::OnRung(std::string_view sender, std::string_view payload) {
                       std::memory_order_relaxed);
   }
   for (auto& g : groups_) g->Wake();
+}
+
+void Engine::FillPart(Part& part, size_t group) const {
+  const TransferState& t = *part.transfer;
+  const size_t n = groups_[group]->rail_count();
+  part.dest = GroupAddresses(group, t.fi_addrs);
+  part.src_descs.clear();
+  for (const auto& [id, descs] : t.src_descs) {
+    auto& mine = part.src_descs[id];
+    for (size_t k = 0; k < n; ++k) mine.push_back(descs[EngineRail(group, k)]);
+  }
+  part.dst_keys.clear();
+  for (const RegionDescriptor& d : t.dst_regions) {
+    auto& keys = part.dst_keys.emplace_back();
+    for (size_t k = 0; k < n; ++k) keys.push_back(d.keys[EngineRail(group, k) % t.remote_rails]);
+  }
 }
 
 size_t Engine::EngineRail(size_t group, size_t index) const {
@@ -715,6 +784,11 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
     state->deadline = req.deadline == absl::InfiniteFuture() ? now + kDefaultTransferDeadline
                                                              : req.deadline;
     state->engine = this;
+    // What a part on any group needs to move a WRITE to another rail (FillPart).
+    state->fi_addrs = fi_addrs;
+    for (auto& [id, region] : local) state->src_descs[id] = region.descs;
+    state->dst_regions = req.dst_regions;
+    state->remote_rails = remote_rails;
     {
       absl::MutexLock slock(&state->mu);
       state->stats.bytes = plan.bytes;
@@ -735,19 +809,8 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
       const size_t g = rail_refs_[r].group;
       auto& part = parts[g];
       if (!part) {
-        // What moving a WRITE to another rail of the group takes (rail failover).
         part = std::make_unique<Part>();
         part->transfer = state;
-        const size_t n = groups_[g]->rail_count();
-        part->dest = GroupAddresses(g, fi_addrs);
-        for (auto& [id, region] : local) {
-          auto& descs = part->src_descs[id];
-          for (size_t k = 0; k < n; ++k) descs.push_back(region.descs[EngineRail(g, k)]);
-        }
-        for (const RegionDescriptor& d : req.dst_regions) {
-          auto& keys = part->dst_keys.emplace_back();
-          for (size_t k = 0; k < n; ++k) keys.push_back(d.keys[EngineRail(g, k) % remote_rails]);
-        }
       }
       for (const PlannedWrite& w : plan.rails[r]) part->unresolved += w.gathered ? 0 : 1;
     }
@@ -794,6 +857,7 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
         part.ops[part.ops.size() - 2].deliver = true;
       }
       tail.data = *req.immediate;
+      tail.held = true;
       state->tail = &tail;
       state->tail_part = &part;
       state->tail_group = groups_[rail_refs_[last_rail].group].get();

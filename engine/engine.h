@@ -26,6 +26,7 @@ namespace ferry::engine {
 class ProgressGroup;
 struct TransferState;
 struct RegionEntry;
+struct Part;
 
 struct EngineOptions {
   // "auto", "efa", "verbs", "tcp" (tcp;ofi_rxm) or "shm". Default: "tcp".
@@ -102,6 +103,10 @@ struct EngineOptions {
   absl::Duration rail_stall_timeout = absl::Seconds(2);
   absl::Duration rail_backoff = absl::Seconds(1);
   absl::Duration rail_backoff_max = absl::Seconds(30);
+  // Tests only: called on a progress thread before each WRITE is posted, with the engine rail;
+  // a negative libfabric error code fails the post with it (a NIC that refuses posts), which
+  // the real providers cannot be made to do on demand. Default: none.
+  std::function<int(size_t rail)> post_fault;
   // Called on a progress thread for every control message a peer sends: sender's node id and
   // the payload. Must not block. Default: none (messages are dropped).
   std::function<void(std::string_view sender, std::string_view payload)> on_control;
@@ -347,6 +352,10 @@ class Engine {
   // Has group 0 ring `bell` (FI_ADDR_NOTAVAIL: nothing to do). Thread-safe.
   void RingBell(uint64_t bell, RingKind kind);
   void ReleaseRegions(const std::vector<RegionId>& regions);
+  // Per rail of `group`: the peer's address, the source regions' descriptors and the
+  // destination regions' keys of the part's transfer (what a WRITE of the part needs to go on
+  // any of the group's rails). Called on the group's progress thread.
+  void FillPart(Part& part, size_t group) const;
   // The engine index of rail `index` of `group`.
   size_t EngineRail(size_t group, size_t index) const;
   // Of per-engine-rail addresses, those of `group`'s rails, indexed by rail within the group.

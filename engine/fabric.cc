@@ -23,6 +23,10 @@ absl::Status FiError(ssize_t rc, std::string_view call) {
     case FI_ECONNRESET:
     case FI_ECONNABORTED:
     case FI_EHOSTUNREACH:
+    case FI_EHOSTDOWN:
+    case FI_ENETUNREACH:
+    case FI_ENETDOWN:
+    case EPIPE:
     case FI_ENOTCONN:
     case FI_ESHUTDOWN:
       return absl::UnavailableError(msg);

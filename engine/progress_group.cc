@@ -37,6 +37,19 @@ constexpr size_t kReservedSendSlots = 16;
 // Receives posted on the bell: rings are small and consumed at once.
 constexpr size_t kBellReceives = 8;
 
+// A provider that cancels or fails an operation (rxm flushes a dead connection's WRITEs with
+// FI_ECANCELED; tcp refuses a post with -ENETUNREACH) means the path went away: the rail failed,
+// and the caller should retry later. The user's own Transfer::Cancel never reaches the CQ.
+absl::Status AsRailFailure(absl::Status s) {
+  if (s.code() == absl::StatusCode::kInternal || s.code() == absl::StatusCode::kUnknown ||
+      s.code() == absl::StatusCode::kCancelled) {
+    return absl::UnavailableError(s.message());
+  }
+  return s;
+}
+
+bool IsRailFailure(const absl::Status& s) { return s.code() == absl::StatusCode::kUnavailable; }
+
 }  // namespace
 
 void Completion::Set(absl::Status status) {
@@ -348,18 +361,30 @@ absl::StatusOr<ProgressGroup::Contact> ProgressGroup::ContactAddress(size_t rail
                                                                      const std::string& hello) {
   RailState& rs = *rails_[rail];
   ASSIGN_OR_RETURN(fi_addr_t fa, AcquireAddress(rs, address));
-  AvEntry& e = rs.av[fa];
+  auto answered = Hello(rail, fa, hello);
+  if (!answered.ok()) {
+    ReleaseAddress(rs, fa);
+    return answered.status();
+  }
+  return Contact{fa, *std::move(answered)};
+}
+
+absl::StatusOr<std::shared_ptr<Completion>> ProgressGroup::Hello(size_t rail, fi_addr_t addr,
+                                                                 const std::string& hello) {
+  RailState& rs = *rails_[rail];
+  auto it = rs.av.find(addr);
+  if (it == rs.av.end()) return absl::NotFoundError("no such address on the rail");
+  AvEntry& e = it->second;
   if (e.hello == nullptr) {
     auto done = std::make_shared<Completion>();
-    QueueSendOn(rs, fa, hello, done, /*first_contact=*/true);
+    QueueSendOn(rs, addr, hello, done, /*first_contact=*/true);
     if (done->Wait(absl::InfinitePast()).code() == absl::StatusCode::kResourceExhausted) {
-      ReleaseAddress(rs, fa);
       return absl::ResourceExhaustedError(absl::StrCat(
           "rail ", engine_->EngineRail(index_, rail), ": too many first contacts unanswered"));
     }
     e.hello = std::move(done);
   }
-  return Contact{fa, e.hello};
+  return e.hello;
 }
 
 void ProgressGroup::Ring(fi_addr_t bell, RingKind kind) {
@@ -420,15 +445,9 @@ size_t ProgressGroup::PollCq(RailState& rs) {
     char buf[256];
     const char* detail = fi_cq_strerror(rs.rail->cq(), err.prov_errno, err.err_data, buf,
                                         sizeof(buf));
-    absl::Status s = FiError(err.err, absl::StrCat("completion error (prov_errno ", err.prov_errno,
-                                                   ": ", detail ? detail : "?", ")"));
-    // A provider that cancels or fails an operation (rxm flushes a dead connection's WRITEs
-    // with FI_ECANCELED) means the peer or the path went away: the caller should retry later.
-    // The user's own Transfer::Cancel never reaches the CQ.
-    if (s.code() == absl::StatusCode::kInternal || s.code() == absl::StatusCode::kUnknown ||
-        s.code() == absl::StatusCode::kCancelled) {
-      s = absl::UnavailableError(s.message());
-    }
+    const absl::Status s = AsRailFailure(
+        FiError(err.err, absl::StrCat("completion error (prov_errno ", err.prov_errno, ": ",
+                                      detail ? detail : "?", ")")));
     if (op == nullptr) return 1;
     switch (op->kind) {
       case OpKind::kWrite:
@@ -560,7 +579,8 @@ bool ProgressGroup::PostWrites(size_t index) {
     if (op->deliver && rs.rail->rail_info().delivery_complete) flags |= FI_DELIVERY_COMPLETE;
     if (more) flags |= FI_MORE;
     if (op->immediate) flags |= FI_REMOTE_CQ_DATA;
-    ssize_t rc = fi_writemsg(rs.rail->ep(), &msg, flags);
+    ssize_t rc = options_.post_fault ? options_.post_fault(engine_->EngineRail(index_, index)) : 0;
+    if (rc == 0) rc = fi_writemsg(rs.rail->ep(), &msg, flags);
     if (rc == -FI_EAGAIN) {
       --rs.in_flight;
       rs.in_flight_bytes -= op->length;
@@ -569,8 +589,15 @@ bool ProgressGroup::PostWrites(size_t index) {
     }
     if (burst == kPostBurst) burst = 0;
     if (rc != 0) {
-      OnWriteDone(op, FiError(rc, "fi_writemsg"));
-      next = QueueFront(rs);  // the failure may have purged the queue
+      // Refused at post time: the rail failed for the peer (tcp answers -ENETUNREACH when the
+      // link is gone), as a failed completion says. The WRITE and the rail's other queued
+      // WRITEs to the peer go elsewhere.
+      --rs.in_flight;
+      rs.in_flight_bytes -= op->length;
+      const PeerId peer = op->part->transfer->peer;
+      RailDown(index, peer, AsRailFailure(FiError(rc, "fi_writemsg")));
+      Route(op, peer, absl::Now());
+      next = QueueFront(rs);  // the failure may have moved the queue
     } else {
       op->posted = true;
       OpPosted(rs, op->dest);
@@ -642,11 +669,14 @@ void ProgressGroup::QueueSendOn(RailState& rs, fi_addr_t dest, std::string messa
 
 void ProgressGroup::AddPart(std::unique_ptr<Part> part) {
   Part* p = part.get();
-  parts_.emplace(p, std::move(part));
   TransferState& t = *p->transfer;
   const absl::Time now = absl::Now();
+  // None of this group's rails reaches the peer now: the whole part goes to another group.
+  if (PickRail(t.peer, kNoRail, now) < 0) return OfferOn(std::move(part));
+  parts_.emplace(p, std::move(part));
+  engine_->FillPart(*p, index_);
   for (WriteOp& op : p->ops) {
-    if (&op != t.tail) Route(&op, t.peer, now);
+    if (!op.held) Route(&op, t.peer, now);
   }
   // Every other WRITE may have completed already (on other groups, or there is none).
   if (t.tail_part == p && t.parts_data_pending.fetch_sub(1) == 1) QueueTail(p->transfer);
@@ -659,13 +689,19 @@ void ProgressGroup::QueueTail(const std::shared_ptr<TransferState>& transfer) {
   if (transfer->finished.load(std::memory_order_acquire)) return;
   WriteOp* tail = transfer->tail;
   tail->part->tail_posted = true;
+  tail->held = false;
   Route(tail, transfer->peer, absl::Now());
 }
 
 void ProgressGroup::Route(WriteOp* op, PeerId peer, absl::Time now) {
-  if (!Usable(op->rail, peer, now)) {
+  if (op->rail == kNoRail || !Usable(op->rail, peer, now)) {
     const int k = PickRail(peer, op->rail, now);
-    if (k >= 0) Retarget(op, static_cast<size_t>(k), /*failover=*/true);
+    if (k < 0) return HandoverQueued({op});
+    if (op->rail == kNoRail) {
+      Place(op, static_cast<size_t>(k));
+    } else {
+      Retarget(op, static_cast<size_t>(k), /*failover=*/true);
+    }
   }
   Enqueue(op->rail, op);
 }
@@ -686,19 +722,17 @@ void ProgressGroup::OnWriteDone(WriteOp* op, const absl::Status& status) {
   rs.in_flight_bytes -= op->length;
   Part* part = op->part;
   std::shared_ptr<TransferState> t = part->transfer;  // keeps t alive past ResolveOp
-  if (op->posted) {
-    OpCompleted(rs, op->dest);
-    auto h = rs.health.find(t->peer);
-    if (h != rs.health.end() && h->second.in_flight > 0) {
-      const absl::Time now = absl::Now();
-      --h->second.in_flight;
-      h->second.last_progress = now;
-      if (status.ok() && now >= h->second.resting_until) h->second.backoff = absl::ZeroDuration();
-    }
+  OpCompleted(rs, op->dest);
+  auto h = rs.health.find(t->peer);
+  if (h != rs.health.end() && h->second.in_flight > 0) {
+    const absl::Time now = absl::Now();
+    --h->second.in_flight;
+    h->second.last_progress = now;
+    if (status.ok() && now >= h->second.resting_until) h->second.backoff = absl::ZeroDuration();
   }
   op->done = true;
   op->failed = !status.ok();
-  if (status.ok() && op->posted && op->deliver) {
+  if (status.ok() && op->deliver) {
     part->delivered.resize(rails_.size());
     part->delivered[op->rail] = std::max(part->delivered[op->rail], op->seq);
     // The rail's bytes so far have landed: the transfer's lock once per rail on an ordered
@@ -717,15 +751,17 @@ void ProgressGroup::OnWriteDone(WriteOp* op, const absl::Status& status) {
     return;
   }
   // A rail that loses a WRITE (the path, not the request, failed) goes down, and the WRITE
-  // goes again on another rail of the group.
-  if (!status.ok() && status.code() == absl::StatusCode::kUnavailable &&
-      !t->finished.load(std::memory_order_acquire)) {
+  // goes again on another rail.
+  if (IsRailFailure(status) && !t->finished.load(std::memory_order_acquire)) {
     RailDown(op->rail, t->peer, status);
-    if (Resend(op)) {
-      --part->unresolved;
+    Resend(part, {op});
+    --part->unresolved;
+    if (!part->dead && t->finished.load(std::memory_order_acquire)) {
+      KillPart(part);
+    } else {
       MaybeRetire(part);
-      return;
     }
+    return;
   }
   if (!status.ok()) t->Finish(status);
   const bool is_tail = t->tail == op;
@@ -733,21 +769,26 @@ void ProgressGroup::OnWriteDone(WriteOp* op, const absl::Status& status) {
   ResolveOp(part, is_tail);
 }
 
-void ProgressGroup::ResolveOp(Part* part, bool is_tail) {
+void ProgressGroup::DataResolved(Part* part) {
+  if (--part->data_unresolved != 0 || part->dead) return;
   const std::shared_ptr<TransferState>& t = part->transfer;
-  if (!is_tail && --part->data_unresolved == 0 && !part->dead) {
-    if (t->parts_data_pending.fetch_sub(1) == 1) {
-      if (t->tail == nullptr) {
-        t->Finish(absl::OkStatus());
-      } else if (t->tail_group == this) {
-        QueueTail(t);
-      } else {
-        t->tail_group->Run([t](ProgressGroup& g) { g.QueueTail(t); });
-      }
-    }
+  if (t->parts_data_pending.fetch_sub(1) != 1) return;
+  if (t->tail == nullptr) {
+    t->Finish(absl::OkStatus());
+    return;
   }
+  ProgressGroup* tail_group = t->tail_group.load(std::memory_order_acquire);
+  if (tail_group == this) {
+    QueueTail(t);
+  } else {
+    tail_group->Run([t](ProgressGroup& g) { g.QueueTail(t); });
+  }
+}
+
+void ProgressGroup::ResolveOp(Part* part, bool is_tail) {
+  if (!is_tail) DataResolved(part);
   --part->unresolved;
-  if (!part->dead && t->finished.load(std::memory_order_acquire)) {
+  if (!part->dead && part->transfer->finished.load(std::memory_order_acquire)) {
     KillPart(part);
   } else {
     MaybeRetire(part);
@@ -828,23 +869,33 @@ int ProgressGroup::PickRail(PeerId peer, size_t except, absl::Time now) {
   return best;
 }
 
-void ProgressGroup::Retarget(WriteOp* op, size_t rail, bool failover) {
+void ProgressGroup::Place(WriteOp* op, size_t rail) {
   Part& part = *op->part;
-  TransferState& t = *part.transfer;
-  const size_t from = engine_->EngineRail(index_, op->rail);
-  const size_t to = engine_->EngineRail(index_, rail);
   op->rail = rail;
   op->dest = part.dest[rail];
   op->desc = part.src_descs[op->src_region][rail];
   op->key = part.dst_keys[op->dst_region][rail];
   // Its old rail's closing delivery completion no longer covers it.
   op->deliver = true;
+  TransferState& t = *part.transfer;
+  absl::MutexLock lock(&t.mu);
+  t.stats.bytes_per_rail[engine_->EngineRail(index_, rail)] += op->length;
+}
+
+void ProgressGroup::Unplace(WriteOp* op, bool failover) {
+  TransferState& t = *op->part->transfer;
+  const size_t from = engine_->EngineRail(index_, op->rail);
+  op->rail = kNoRail;
   absl::MutexLock lock(&t.mu);
   t.stats.bytes_per_rail[from] -= op->length;
-  t.stats.bytes_per_rail[to] += op->length;
   if (!failover) return;
   ++t.stats.rerouted_writes;
   t.stats.NoteFailedRail(from);
+}
+
+void ProgressGroup::Retarget(WriteOp* op, size_t rail, bool failover) {
+  Unplace(op, failover);
+  Place(op, rail);
 }
 
 void ProgressGroup::RailDown(size_t rail, PeerId peer, const absl::Status& why) {
@@ -856,10 +907,16 @@ void ProgressGroup::RailDown(size_t rail, PeerId peer, const absl::Status& why) 
                   ? options_.rail_backoff
                   : std::min(2 * h.backoff, options_.rail_backoff_max);
   h.resting_until = now + h.backoff;
+  h.why = std::string(why.message());
   spdlog::warn("rail {} ({}) to peer {} rests for {}: {}", engine_->EngineRail(index_, rail),
-               rs.rail->rail_info().domain, peer, absl::FormatDuration(h.backoff),
-               std::string(why.message()));
-  // Its queued WRITEs to the peer go to the other rails.
+               rs.rail->rail_info().domain, peer, absl::FormatDuration(h.backoff), h.why);
+  // WRITEs that completed at transmit with no delivery completion behind them on this rail:
+  // their bytes may still sit in the dead rail's queues. Sent again first, so that the data
+  // they reopen is counted before the queued WRITEs moved below can resolve the part's last.
+  ResendFrom(rail, peer, [rail](const Part& p, const WriteOp& op) {
+    return op.done && !op.failed && op.seq > (rail < p.delivered.size() ? p.delivered[rail] : 0);
+  });
+  // Its queued WRITEs to the peer go to the other rails, or to another group.
   std::vector<WriteOp*> moving;
   std::erase_if(rs.queue, [&](WriteOp* op) {
     if (op->part->transfer->peer != peer) return false;
@@ -867,52 +924,139 @@ void ProgressGroup::RailDown(size_t rail, PeerId peer, const absl::Status& why) 
     moving.push_back(op);
     return true;
   });
-  for (WriteOp* op : moving) Route(op, peer, now);  // with no other rail it waits for this one
-  // WRITEs that completed at transmit with no delivery completion behind them on this rail:
-  // their bytes may still sit in the dead rail's queues.
-  ResendFrom(rail, peer, why, [rail](const Part& p, const WriteOp& op) {
-    return op.done && !op.failed && op.seq > (rail < p.delivered.size() ? p.delivered[rail] : 0);
-  });
-}
-
-void ProgressGroup::ResendFrom(size_t rail, PeerId peer, const absl::Status& why,
-                                absl::FunctionRef<bool(const Part&, const WriteOp&)> pick) {
-  for (auto& [p, owned] : parts_) {
-    TransferState& t = *p->transfer;
-    if (p->dead || t.peer != peer || t.finished.load(std::memory_order_acquire)) continue;
-    bool lost = false;
-    auto resend = [&](WriteOp& op) {
-      if (op.rail != rail || !op.posted || op.abandoned || !pick(*p, op)) return;
-      if (!Resend(&op)) {
-        lost = true;
-      } else if (op.done) {
-        ++p->data_unresolved;  // it had resolved; its copy resolves it again
-      }
-    };
-    for (WriteOp& op : p->ops) resend(op);
-    for (size_t i = 0, n = p->resent.size(); i < n; ++i) resend(p->resent[i]);
-    if (lost) {
-      t.Finish(absl::UnavailableError(absl::StrCat("every rail to peer ", peer, " is down (rail ",
-                                                   engine_->EngineRail(index_, rail), ": ",
-                                                   why.message(), ")")));
-    }
+  if (PickRail(peer, rail, now) < 0) {
+    HandoverQueued(moving);
+  } else {
+    for (WriteOp* op : moving) Route(op, peer, now);
   }
 }
 
-bool ProgressGroup::Resend(WriteOp* op) {
-  Part& part = *op->part;
-  TransferState& t = *part.transfer;
-  const int k = PickRail(t.peer, op->rail, absl::Now());
-  if (k < 0) return false;
-  WriteOp& copy = part.resent.emplace_back(*op);
-  copy.ctx = {};
-  copy.posted = copy.done = copy.failed = copy.abandoned = false;
-  Retarget(&copy, static_cast<size_t>(k), /*failover=*/true);
-  op->abandoned = true;
-  ++part.unresolved;
-  if (t.tail == op) t.tail = &copy;
-  Enqueue(copy.rail, &copy);
-  return true;
+void ProgressGroup::ResendFrom(size_t rail, PeerId peer,
+                                absl::FunctionRef<bool(const Part&, const WriteOp&)> pick) {
+  std::vector<std::pair<Part*, std::vector<WriteOp*>>> lost;
+  for (auto& [p, owned] : parts_) {
+    TransferState& t = *p->transfer;
+    if (p->dead || t.peer != peer || t.finished.load(std::memory_order_acquire)) continue;
+    std::vector<WriteOp*> ops;
+    auto take = [&](WriteOp& op) {
+      if (op.rail == rail && op.posted && !op.abandoned && pick(*p, op)) ops.push_back(&op);
+    };
+    for (WriteOp& op : p->ops) take(op);
+    for (size_t i = 0, n = p->resent.size(); i < n; ++i) take(p->resent[i]);
+    if (!ops.empty()) lost.emplace_back(p, std::move(ops));
+  }
+  for (auto& [p, ops] : lost) Resend(p, ops);
+}
+
+void ProgressGroup::Resend(Part* part, const std::vector<WriteOp*>& ops) {
+  TransferState& t = *part->transfer;
+  const absl::Time now = absl::Now();
+  std::vector<WriteOp> copies;
+  std::vector<bool> data_open;  // the op's data had not resolved: its copy resolves it
+  for (WriteOp* op : ops) {
+    const bool was_tail = t.tail == op;
+    // A posted WRITE that has completed had resolved its data; a stalled or failed one not.
+    const bool open = !was_tail && !(op->done && !op->failed);
+    op->abandoned = true;
+    const int k = PickRail(t.peer, op->rail, now);
+    if (k < 0) {
+      copies.push_back(*op);
+      data_open.push_back(open);
+      continue;
+    }
+    WriteOp& copy = part->resent.emplace_back(*op);
+    copy.ctx = {};
+    copy.posted = copy.done = copy.failed = copy.abandoned = false;
+    Retarget(&copy, static_cast<size_t>(k), /*failover=*/true);
+    ++part->unresolved;
+    if (!was_tail && !open) ++part->data_unresolved;  // resolved before, its copy must again
+    if (was_tail) t.tail = &copy;
+    Enqueue(copy.rail, &copy);
+  }
+  if (copies.empty()) return;
+  Handover(part, std::move(copies));
+  for (bool open : data_open) {
+    if (open) DataResolved(part);  // its copy resolves it elsewhere
+  }
+}
+
+void ProgressGroup::HandoverQueued(const std::vector<WriteOp*>& ops) {
+  // By part: each part's WRITEs go over in one new part; the originals are resolved here.
+  absl::flat_hash_map<Part*, std::vector<WriteOp*>> by_part;
+  for (WriteOp* op : ops) by_part[op->part].push_back(op);
+  for (auto& [part, list] : by_part) {
+    std::vector<WriteOp> copies;
+    std::vector<bool> tails;
+    for (WriteOp* op : list) {
+      tails.push_back(part->transfer->tail == op);
+      copies.push_back(*op);
+    }
+    Handover(part, std::move(copies));
+    for (bool is_tail : tails) ResolveOp(part, is_tail);
+  }
+}
+
+void ProgressGroup::Handover(Part* from, std::vector<WriteOp> ops) {
+  auto part = std::make_unique<Part>();
+  part->transfer = from->transfer;
+  TransferState& t = *part->transfer;
+  part->ops = std::move(ops);
+  for (WriteOp& op : part->ops) {
+    op.ctx = {};
+    op.part = part.get();
+    op.posted = op.done = op.failed = op.abandoned = op.held = false;
+    if (op.rail != kNoRail) Unplace(&op, /*failover=*/true);
+    if (op.immediate) {
+      t.tail = &op;
+    } else {
+      ++part->data_unresolved;
+    }
+  }
+  part->unresolved = part->ops.size();
+  // Counted before `from` resolves what it hands over: the transfer's counts never pass
+  // through zero on the way.
+  t.parts_alive.fetch_add(1);
+  if (part->data_unresolved > 0) t.parts_data_pending.fetch_add(1);
+  OfferOn(std::move(part));
+}
+
+void ProgressGroup::OfferOn(std::unique_ptr<Part> part) {
+  TransferState& t = *part->transfer;
+  const auto& groups = engine_->groups_;
+  if (part->offered.empty()) part->offered.assign(groups.size(), false);
+  part->offered[index_] = true;
+  const absl::Time now = absl::Now();
+  for (size_t k = 0; k < rails_.size(); ++k) {
+    auto h = rails_[k]->health.find(t.peer);
+    absl::StrAppend(&part->why, part->why.empty() ? "" : "; ", "rail ",
+                    engine_->EngineRail(index_, k), " (", rails_[k]->rail->rail_info().domain,
+                    "): ",
+                    h != rails_[k]->health.end() && now < h->second.resting_until
+                        ? h->second.why
+                        : "unusable");
+  }
+  for (WriteOp& op : part->ops) {
+    if (op.rail != kNoRail) Unplace(&op, /*failover=*/true);
+  }
+  for (size_t k = 1; k < groups.size(); ++k) {
+    const size_t g = (index_ + k) % groups.size();
+    if (part->offered[g]) continue;
+    // A tail part not yet placed is waited on where it goes (QueueTail runs there).
+    if (t.tail_part == part.get()) {
+      t.tail_group.store(groups[g].get(), std::memory_order_release);
+    }
+    groups[g]->Run([p = std::move(part)](ProgressGroup& pg) mutable { pg.AddPart(std::move(p)); });
+    return;
+  }
+  // No group has a usable rail to the peer: the transfer fails, and the part retires here.
+  t.Finish(absl::UnavailableError(
+      absl::StrCat("every rail to peer ", t.peer, " is down (", part->why, ")")));
+  Part* p = part.get();
+  parts_.emplace(p, std::move(part));
+  p->dead = true;
+  p->tail_posted = true;
+  p->unresolved = 0;
+  MaybeRetire(p);
 }
 
 void ProgressGroup::CheckStalls(absl::Time now) {
@@ -930,7 +1074,7 @@ void ProgressGroup::CheckStalls(absl::Time now) {
         absl::StrCat("no completion for ", absl::FormatDuration(options_.rail_stall_timeout)));
     RailDown(k, peer, why);
     // Its posted WRITEs go again elsewhere; when they complete here after all, nothing changes.
-    ResendFrom(k, peer, why, [](const Part&, const WriteOp& op) { return !op.done; });
+    ResendFrom(k, peer, [](const Part&, const WriteOp& op) { return !op.done; });
   }
 }
 

@@ -57,10 +57,13 @@ constexpr absl::Duration kBellRingEvery = absl::Milliseconds(100);
 // Pieces one WRITE carries at most (a gathered WRITE; the rails' iov limits cap it further).
 constexpr size_t kMaxIov = 4;
 
+// WriteOp::rail of a WRITE not placed on a rail of its group (yet).
+constexpr size_t kNoRail = ~size_t{0};
+
 struct Part;
 struct WriteOp : OpBase {
   Part* part = nullptr;
-  size_t rail = 0;  // index within the group
+  size_t rail = 0;  // index within the group, or kNoRail
   // Its pieces: local[i] (in the source region) lands at remote[i] (in the destination
   // region), local[i].iov_len bytes each.
   std::array<iovec, kMaxIov> local = {};
@@ -71,6 +74,7 @@ struct WriteOp : OpBase {
   uint64_t key = 0;       // the destination region's, on `rail`
   fi_addr_t dest = FI_ADDR_UNSPEC;
   bool immediate = false;
+  bool held = false;     // the tail, held back until every other WRITE has completed
   bool deliver = true;  // ask for FI_DELIVERY_COMPLETE (where the provider has it)
   uint64_t data = 0;
   RegionId src_region = 0;  // what a move to another rail looks up in its Part
@@ -103,6 +107,13 @@ struct TransferState {
   Engine* engine = nullptr;
   bool counted = false;  // in the engine's count of the peer's live transfers
   std::vector<RegionId> pinned;  // released once every part has retired
+  // What a part on any group needs to address its WRITEs (Engine::FillPart): the peer's
+  // address per engine rail, each source region's descriptor per engine rail, the
+  // destination regions (their keys per rail of the peer). Set before any part runs.
+  std::vector<uint64_t> fi_addrs;
+  absl::flat_hash_map<RegionId, std::vector<void*>> src_descs;
+  std::vector<RegionDescriptor> dst_regions;
+  size_t remote_rails = 1;
 
   std::atomic<bool> finished{false};       // a result is set: queued work is dropped
   // Parts whose non-tail WRITEs are not all done, plus one, when there is a tail, that the
@@ -115,8 +126,10 @@ struct TransferState {
   // never dereference them (the part may already be freed there).
   // Atomic: a group that re-sends it on another rail moves it while others compare it.
   std::atomic<WriteOp*> tail{nullptr};
+  // The group holding the tail part: it changes only while the tail part is handed from a
+  // group without a usable rail to another, before any group may queue the tail.
   Part* tail_part = nullptr;
-  ProgressGroup* tail_group = nullptr;
+  std::atomic<ProgressGroup*> tail_group{nullptr};
 
   absl::Mutex mu;
   bool done ABSL_GUARDED_BY(mu) = false;
@@ -143,6 +156,10 @@ struct Part {
   std::vector<uint64_t> delivered;
   size_t unresolved = 0;     // ops not yet completed, failed or dropped (tail included)
   size_t data_unresolved = 0;
+  // A part of WRITEs that a group with no usable rail to the peer handed on (Handover): the
+  // groups offered it so far, and why their rails could not carry it.
+  std::vector<bool> offered;
+  std::string why;
   bool dead = false;
   bool tail_posted = false;
   bool retiring = false;
@@ -189,6 +206,10 @@ class ProgressGroup {
                               std::vector<RailMr*>* out);
   void DeregisterRegion(RegionId id);
   void AddPart(std::unique_ptr<Part> part);
+  // Takes a part another group handed on (see Handover): its WRITEs go on this group's usable
+  // rails to the peer, or on to the next group not yet offered it; when every group was, the
+  // transfer fails with kUnavailable naming the rails and why they went down.
+  void AddHandedOver(std::unique_ptr<Part> part);
   void QueueTail(const std::shared_ptr<TransferState>& transfer);
   void FailPeer(PeerId peer, const absl::Status& status);
   // First contact on rail `rail`: the address's AV entry (shared by every peer that names it)
@@ -200,6 +221,10 @@ class ProgressGroup {
   };
   absl::StatusOr<Contact> ContactAddress(size_t rail, const std::string& address,
                                          const std::string& hello);
+  // A hello to `addr` (in rail `rail`'s AV): the one still unanswered when there is one, else
+  // a new one. kResourceExhausted: too many first contacts unanswered on this rail.
+  absl::StatusOr<std::shared_ptr<Completion>> Hello(size_t rail, fi_addr_t addr,
+                                                    const std::string& hello);
   // Lets go of addrs[i] on rail i (FI_ADDR_NOTAVAIL entries are skipped): see ReleaseAddress.
   void ReleaseAddresses(const std::vector<fi_addr_t>& addrs);
   // Posts a control message (already framed) on rail `rail`.
@@ -219,6 +244,7 @@ class ProgressGroup {
     absl::Time last_progress;    // last completion, or the post that found none in flight
     absl::Time resting_until = absl::InfinitePast();  // down: no new WRITEs before then
     absl::Duration backoff;      // the last rest; zero once a WRITE completes again
+    std::string why;             // what took it down last
   };
   // A peer address in a rail's AV. It stays there while a peer names it or the provider holds
   // an operation for it: tcp;ofi_rxm (1.17) crashes on the next post after an address was
@@ -296,21 +322,40 @@ class ProgressGroup {
   void Shutdown();
   WriteOp* QueueFront(RailState& rs);
   void Enqueue(size_t rail, WriteOp* op, bool front = false);
-  // Queues `op` (not posted) on its rail, or on the least loaded usable one while its own
-  // rests for the peer.
+  // Queues `op` (not posted, of a part of this group) on its rail, or on the least loaded
+  // usable one while its own rests for the peer, or hands it to another group when none of
+  // this group's rails is usable.
   void Route(WriteOp* op, PeerId peer, absl::Time now);
   // --- Rail failover. ---
   bool Usable(size_t rail, PeerId peer, absl::Time now);
   // The usable rail other than `except` with the fewest queued bytes; -1 when none.
   int PickRail(PeerId peer, size_t except, absl::Time now);
-  // Points `op` (not posted) at `rail`; `failover`: its own rail failed (counted in stats).
+  // Points `op` (not posted, not placed) at `rail` of this group; counts its bytes there.
+  void Place(WriteOp* op, size_t rail);
+  // Takes `op` (not posted) off its rail and its bytes off the rail's count; `failover`: its
+  // rail failed (counted in stats).
+  void Unplace(WriteOp* op, bool failover);
+  // Unplace, then Place.
   void Retarget(WriteOp* op, size_t rail, bool failover);
-  // Sends `op` (posted, failed or stalled) again on another usable rail; false when none.
-  bool Resend(WriteOp* op);
-  // In the running transfers to `peer`: sends again on another rail each posted WRITE on
-  // `rail` (original or copy, not yet abandoned) that `pick` selects; a transfer with one
-  // that finds no rail fails, naming `why` the rail went down.
-  void ResendFrom(size_t rail, PeerId peer, const absl::Status& why,
+  // Sends `ops` of `part` (posted: failed, stalled, or completed at transmit on a rail that
+  // went down) again on other usable rails of this group, or hands copies of them to another
+  // group. The originals are abandoned: their completions, if they come, change nothing.
+  void Resend(Part* part, const std::vector<WriteOp*>& ops);
+  // A part's non-tail WRITE resolved: the last one of the part's data lets the transfer's tail
+  // go once every part's data has (TransferState::parts_data_pending).
+  void DataResolved(Part* part);
+  // Moves `ops` (copies, not posted) of `from` to a new part offered to the other groups; a
+  // tail among them stays the transfer's tail. The caller then resolves what they copied.
+  void Handover(Part* from, std::vector<WriteOp> ops);
+  // Queued WRITEs (taken off their queues) that no rail of this group can carry: copies of
+  // them are handed over, by part, and the originals resolved.
+  void HandoverQueued(const std::vector<WriteOp*>& ops);
+  // Offers `part` to the next group after this one that has not been offered it, or fails
+  // its transfer when none is left.
+  void OfferOn(std::unique_ptr<Part> part);
+  // In the running transfers to `peer`: sends again elsewhere each posted WRITE on `rail`
+  // (original or copy, not yet abandoned) that `pick` selects.
+  void ResendFrom(size_t rail, PeerId peer,
                   absl::FunctionRef<bool(const Part&, const WriteOp&)> pick);
   // Rails with WRITEs in flight and no completion for rail_stall_timeout go down; their
   // posted WRITEs are abandoned and sent again.

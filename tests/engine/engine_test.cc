@@ -537,6 +537,64 @@ TEST_P(EngineTest, PeersThatNeverAnswerAreRefusedAndTheEngineKeepsWorking) {
   close(silent);
 }
 
+TEST_P(EngineTest, WritesRefusedAtPostTimeMoveToTheOtherRailsOrFailAsUnavailable) {
+  if (GetParam().rails < 4) GTEST_SKIP() << "needs rails to fail over to";
+  // Rails the test makes refuse every post, as a NIC whose link is gone does (tcp answers
+  // -ENETUNREACH); two progress threads, so WRITEs also move between threads.
+  auto refusing = std::make_shared<std::atomic<uint32_t>>(0);
+  EngineOptions o = Options(GetParam());
+  o.rail_backoff = absl::Milliseconds(50);
+  o.rail_backoff_max = absl::Milliseconds(50);
+  o.post_fault = [refusing](size_t rail) {
+    return (refusing->load() >> rail) & 1 ? -FI_ENETUNREACH : 0;
+  };
+  engine_.reset();
+  ASSERT_OK_AND_ASSIGN(engine_, Engine::Create(o));
+  ASSERT_NO_FATAL_FAILURE(StartPeer(32 << 20));
+  SourceBuffer src_buf(*engine_, 16 << 20);
+  std::mt19937_64 rng(7);
+  std::vector<Extent> src;
+  for (uint64_t k = 0; k < 256; ++k) src.push_back({0, k << 16, 1 << 16});
+  const std::vector<Extent> dst = ferry::testing::ScatteredLayout(rng, 256, 1 << 16, 1 << 17);
+  uint64_t tag = 77;
+  for (uint32_t mask : {0b0010u, 0b0101u, 0b1110u}) {
+    SCOPED_TRACE(absl::StrCat("refusing rails mask ", mask));
+    refusing->store(mask);
+    ASSERT_OK_AND_ASSIGN(auto armed, peer_->Call({{"cmd", "expect"}, {"tag", ++tag}, {"count", 1}}));
+    ASSERT_TRUE(armed["ok"].get<bool>());
+    TransferRequest req = Request(src, src_buf.region, dst);
+    req.immediate = tag;  // the tail too goes once, after every other byte
+    ASSERT_OK_AND_ASSIGN(TransferStats stats, engine_->Write(std::move(req)));
+    EXPECT_EQ(stats.bytes, 16u << 20);
+    for (size_t r = 0; r < 4; ++r) {
+      const bool refused = (mask >> r) & 1;
+      EXPECT_EQ(std::count(stats.failed_rails.begin(), stats.failed_rails.end(), r),
+                refused ? 1 : 0) << "rail " << r;
+      if (refused) {
+        EXPECT_EQ(stats.bytes_per_rail[r], 0u) << "rail " << r;
+      }
+    }
+    EXPECT_GT(stats.rerouted_writes, 0u);
+    ExpectVerified(src, dst);
+    ASSERT_OK_AND_ASSIGN(auto fired,
+                         peer_->Call({{"cmd", "wait"}, {"tag", tag}, {"timeout_ms", 10000}}));
+    EXPECT_TRUE(fired["ok"].get<bool>());
+    EXPECT_EQ(fired["fires"], 1);
+    absl::SleepFor(absl::Milliseconds(60));  // the rails' rest (50 ms) is over
+  }
+  // Every rail refuses: the transfer fails as unavailable, naming the rails.
+  refusing->store(0b1111);
+  auto failed = engine_->Write(Request(src, src_buf.region, dst));
+  EXPECT_THAT(failed, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(failed.status().message(), ::testing::HasSubstr("every rail to peer"));
+  EXPECT_THAT(failed.status().message(), ::testing::HasSubstr("Network is unreachable"));
+  // And the engine goes on once they take posts again.
+  refusing->store(0);
+  absl::SleepFor(absl::Milliseconds(60));
+  ASSERT_OK(engine_->Write(Request(src, src_buf.region, dst)));
+  ExpectVerified(src, dst);
+}
+
 INSTANTIATE_TEST_SUITE_P(Providers, EngineTest,
                          ::testing::Values(Params{"tcp", 1}, Params{"tcp", 4},
                                            Params{"tcp", 4, true}, Params{"shm", 1},

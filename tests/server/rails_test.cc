@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/ferryd_process.h"
 #include "tests/testing/netns.h"
@@ -29,7 +31,8 @@ class RailsTest : public ::testing::Test {
   // A bed of `rails` veth pairs at `mbit`; ferryd on A with `a_rails` of them and on B with
   // `b_rails`, failing a rail over after `stall_ms` without completions (and resting a rail
   // that has not answered first contact by then).
-  void Start(size_t rails, uint64_t mbit, size_t a_rails, size_t b_rails, int stall_ms = 300) {
+  void Start(size_t rails, uint64_t mbit, size_t a_rails, size_t b_rails, int stall_ms = 300,
+             std::vector<std::string> a_extra = {}) {
     if (geteuid() != 0) GTEST_SKIP() << "the netns test bed needs root";
     auto bed = TestBed::Create({.rails = rails, .rate_mbit = mbit});
     ASSERT_TRUE(bed.ok()) << bed.status();
@@ -45,6 +48,7 @@ class RailsTest : public ::testing::Test {
         args.push_back("--domain");
         args.push_back(bed_->RailInterface(side, i));
       }
+      if (side == TestBed::kA) args.insert(args.end(), a_extra.begin(), a_extra.end());
       auto p = testing::StartFerrydIn(bed_->Exec(side), bed_->HostAddress(side), FERRYD_PATH, args);
       ASSERT_TRUE(p.ok()) << p.status();
       node_[side] = std::move(*p);
@@ -79,10 +83,11 @@ class RailsTest : public ::testing::Test {
     return data;
   }
   // `to` pulls `name` from the other side into a new buffer, published as `as`.
-  json Pull(TestBed::Side to, const std::string& name, const std::string& as) {
+  json Pull(TestBed::Side to, const std::string& name, const std::string& as,
+            bool replace = false) {
     const TestBed::Side from = to == TestBed::kA ? TestBed::kB : TestBed::kA;
     const json body = {{"from", PeerUrl(from)}, {"object", name}, {"as", as},
-                       {"into", {{"device", "host"}}}};
+                       {"into", {{"device", "host"}}}, {"replace", replace}};
     auto r = Client(to).Post("/v1/pulls", body.dump(), "application/json");
     EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
     return r && r->status == 200 ? json::parse(r->body) : json();
@@ -126,6 +131,55 @@ class RailsTest : public ::testing::Test {
     EXPECT_THAT(later["bytes_per_rail"].get<std::vector<uint64_t>>(), Each(Gt(0u)));
     EXPECT_TRUE(later["failed_rails"].empty()) << later;
     EXPECT_EQ(later["rerouted_writes"], 0u);
+  }
+
+  // Bytes `side` has sent on its rails so far (the kernel's counters).
+  uint64_t Sent(TestBed::Side side) {
+    uint64_t total = 0;
+    for (size_t i = 0; i < bed_->options().rails; ++i) {
+      auto n = bed_->TxBytes(side, i);
+      EXPECT_TRUE(n.ok()) << n.status();
+      total += n.ok() ? *n : 0;
+    }
+    return total;
+  }
+  // Returns once `side` has sent `bytes` on its rails since it had sent `base` (polling its
+  // counters), or after 60 s with a failure.
+  void WaitSent(TestBed::Side side, uint64_t base, uint64_t bytes) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(60);
+    while (Sent(side) < base + bytes) {
+      ASSERT_LT(absl::Now(), give_up) << "the pull did not reach " << bytes << " bytes";
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+  }
+  // B pulls the 1 MiB object "probe" from A until `rail` carries some of it again (its rest
+  // is over and its connection recovered), every 200 ms for up to 60 s.
+  void ExpectRailCarriesAgain(size_t rail) {
+    json later;
+    const absl::Time give_up = absl::Now() + absl::Seconds(60);
+    for (int i = 0; absl::Now() < give_up; ++i) {
+      later = Pull(TestBed::kB, "probe", "probe-copy", /*replace=*/true);
+      ASSERT_TRUE(later.is_object());
+      if (later["bytes_per_rail"][rail].get<uint64_t>() > 0 && later["failed_rails"].empty()) break;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    EXPECT_GT(later["bytes_per_rail"][rail].get<uint64_t>(), 0u) << later;
+    EXPECT_TRUE(later["failed_rails"].empty()) << later;
+  }
+  // B pulls "weights" from A as `as` while `during` runs (it watches the pull's progress);
+  // returns the pull's stats after checking every byte against `data`.
+  json PullWhile(const std::string& as, const std::string& data,
+                 const std::function<void(uint64_t base)>& during) {
+    const uint64_t base = Sent(TestBed::kA);
+    json stats;
+    std::thread pull([&] { stats = Pull(TestBed::kB, "weights", as); });
+    during(base);
+    pull.join();
+    EXPECT_TRUE(stats.is_object());
+    if (!stats.is_object()) return stats;
+    EXPECT_EQ(stats["bytes"], data.size());
+    ExpectObject(TestBed::kB, as, data);
+    return stats;
   }
 
   std::unique_ptr<TestBed> bed_;
@@ -215,6 +269,106 @@ TEST_F(RailsTest, NodesWithFourAndTwoRailsPullBothWays) {
   }
   ExpectObject(TestBed::kB, "got-a", a_data);
   ExpectObject(TestBed::kA, "got-b", b_data);
+}
+
+// The source's end of a rail goes down before a pull and at 10%, 50% and 90% of one (watched
+// on the kernel's byte counters): each pull completes over the other rails, names the rail,
+// and every byte is right; the rail carries traffic again once it is back. The source runs a
+// progress thread per rail, so the WRITEs of the lost rail move to other threads' rails.
+TEST_F(RailsTest, ASourceLinkDownBeforeOrDuringAPullFailsOverToTheOtherRails) {
+  ASSERT_NO_FATAL_FAILURE(Start(4, 100, 4, 4, 300, {"--progress-threads", "4", "--topology", "false"}));
+  Put(TestBed::kA, "probe", 1 << 20);
+  ASSERT_TRUE(Pull(TestBed::kB, "probe", "probe-copy").is_object());  // first contact
+  const std::string data = Put(TestBed::kA, "weights", 48 << 20);
+  for (double at : {0.0, 0.1, 0.5, 0.9}) {
+    SCOPED_TRACE(absl::StrCat("link down at ", at));
+    if (at == 0) {
+      ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, 2, false).ok());
+    }
+    const json stats = PullWhile(absl::StrCat("copy-", at), data, [&](uint64_t base) {
+      if (at == 0) return;
+      WaitSent(TestBed::kA, base, static_cast<uint64_t>(at * static_cast<double>(data.size())));
+      ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, 2, false).ok());
+    });
+    EXPECT_THAT(stats["failed_rails"].get<std::vector<size_t>>(), Contains(2u)) << stats;
+    ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, 2, true).ok());
+    ASSERT_NO_FATAL_FAILURE(ExpectRailCarriesAgain(2));
+  }
+}
+
+TEST_F(RailsTest, ADestinationLinkDownBeforeOrDuringAPullFailsOverToTheOtherRails) {
+  ASSERT_NO_FATAL_FAILURE(Start(4, 100, 4, 4));
+  Put(TestBed::kA, "probe", 1 << 20);
+  ASSERT_TRUE(Pull(TestBed::kB, "probe", "probe-copy").is_object());
+  const std::string data = Put(TestBed::kA, "weights", 48 << 20);
+  for (double at : {0.0, 0.1, 0.5, 0.9}) {
+    SCOPED_TRACE(absl::StrCat("link down at ", at));
+    if (at == 0) {
+      ASSERT_TRUE(bed_->SetRailEnd(TestBed::kB, 1, false).ok());
+    }
+    const json stats = PullWhile(absl::StrCat("copy-", at), data, [&](uint64_t base) {
+      if (at == 0) return;
+      WaitSent(TestBed::kA, base, static_cast<uint64_t>(at * static_cast<double>(data.size())));
+      ASSERT_TRUE(bed_->SetRailEnd(TestBed::kB, 1, false).ok());
+    });
+    EXPECT_THAT(stats["failed_rails"].get<std::vector<size_t>>(), Contains(1u)) << stats;
+    ASSERT_TRUE(bed_->SetRailEnd(TestBed::kB, 1, true).ok());
+    ASSERT_NO_FATAL_FAILURE(ExpectRailCarriesAgain(1));
+  }
+}
+
+TEST_F(RailsTest, TwoOfFourSourceLinksDownMidPullAndOneFlappingThreeTimes) {
+  ASSERT_NO_FATAL_FAILURE(Start(4, 100, 4, 4, 300, {"--progress-threads", "2", "--topology", "false"}));
+  Put(TestBed::kA, "probe", 1 << 20);
+  ASSERT_TRUE(Pull(TestBed::kB, "probe", "probe-copy").is_object());
+  const std::string data = Put(TestBed::kA, "weights", 48 << 20);
+  const uint64_t size = data.size();
+  const json two = PullWhile("two-down", data, [&](uint64_t base) {
+    WaitSent(TestBed::kA, base, size / 2);
+    ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, 1, false).ok());
+    ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, 3, false).ok());
+  });
+  EXPECT_THAT(two["failed_rails"].get<std::vector<size_t>>(),
+              ::testing::IsSupersetOf({1u, 3u})) << two;
+  for (size_t r : {size_t{1}, size_t{3}}) ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, r, true).ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectRailCarriesAgain(1));
+  ASSERT_NO_FATAL_FAILURE(ExpectRailCarriesAgain(3));
+  // Down at 20%, up at 35%, down at 50%, up at 65%, down at 80%, up at the end.
+  const json flapping = PullWhile("flapping", data, [&](uint64_t base) {
+    for (double at : {0.2, 0.5, 0.8}) {
+      WaitSent(TestBed::kA, base, static_cast<uint64_t>(at * static_cast<double>(size)));
+      ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, 0, false).ok());
+      if (at == 0.8) break;
+      WaitSent(TestBed::kA, base, static_cast<uint64_t>((at + 0.15) * static_cast<double>(size)));
+      ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, 0, true).ok());
+    }
+  });
+  EXPECT_THAT(flapping["failed_rails"].get<std::vector<size_t>>(), Contains(0u)) << flapping;
+  ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, 0, true).ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectRailCarriesAgain(0));
+}
+
+TEST_F(RailsTest, WithEveryRailDownAPullFailsWith503InTimeAndTheNodesRecover) {
+  ASSERT_NO_FATAL_FAILURE(Start(4, 200, 4, 4, 300, {"--progress-threads", "2", "--topology", "false"}));
+  Put(TestBed::kA, "probe", 1 << 20);
+  ASSERT_TRUE(Pull(TestBed::kB, "probe", "probe-copy").is_object());
+  const std::string data = Put(TestBed::kA, "weights", 16 << 20);
+  for (size_t r = 0; r < 4; ++r) ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, r, false).ok());
+  const json body = {{"from", PeerUrl(TestBed::kA)}, {"object", "weights"}, {"as", "none"},
+                     {"into", {{"device", "host"}}}};
+  const absl::Time start = absl::Now();
+  auto r = Client(TestBed::kB).Post("/v1/pulls", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503) << r->body;
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "UNAVAILABLE");
+  EXPECT_THAT(r->body, ::testing::HasSubstr("every rail to peer"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_EQ(Client(TestBed::kB).Get("/v1/objects/none")->status, 404);
+  for (size_t r = 0; r < 4; ++r) ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, r, true).ok());
+  for (size_t r = 0; r < 4; ++r) ASSERT_NO_FATAL_FAILURE(ExpectRailCarriesAgain(r));
+  const json after = Pull(TestBed::kB, "weights", "after");
+  ASSERT_TRUE(after.is_object());
+  ExpectObject(TestBed::kB, "after", data);
 }
 
 }  // namespace

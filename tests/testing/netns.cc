@@ -12,6 +12,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "engine/status.h"
+#include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
 
 namespace ferry::testing {
@@ -244,6 +246,23 @@ absl::Status TestBed::SetRail(size_t i, bool up) {
     }
   }
   return up ? WaitUntilUp({i}) : absl::OkStatus();
+}
+
+absl::Status TestBed::SetRailEnd(Side side, size_t i, bool up) {
+  if (i >= options_.rails) return absl::InvalidArgumentError("no such rail");
+  RETURN_IF_ERROR(Ip(side, absl::StrCat("link set ", RailInterface(side, i), up ? " up" : " down")));
+  return up ? WaitUntilUp({i}) : absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> TestBed::TxBytes(Side side, size_t i) {
+  if (i >= options_.rails) return absl::InvalidArgumentError("no such rail");
+  ASSIGN_OR_RETURN(std::string out, RunCommand({"ip", "-n", ns_[side], "-s", "-j", "link", "show",
+                                               "dev", RailInterface(side, i)}));
+  auto j = nlohmann::json::parse(out, nullptr, false);
+  if (j.is_discarded() || !j.is_array() || j.empty() || !j[0].contains("stats64")) {
+    return absl::InternalError("ip -s -j link: unexpected output: " + out);
+  }
+  return j[0]["stats64"]["tx"]["bytes"].get<uint64_t>();
 }
 
 }  // namespace ferry::testing

@@ -43,6 +43,10 @@ class TestBed {
   std::string HostAddress(Side side) const;
   // Takes rail i down (both ends) or brings it back up (returning once both ends report up).
   absl::Status SetRail(size_t i, bool up);
+  // The same at one end only: the other end's link stays up (and loses its carrier).
+  absl::Status SetRailEnd(Side side, size_t i, bool up);
+  // Bytes sent so far on rail i at `side` (the kernel's counter for its interface).
+  absl::StatusOr<uint64_t> TxBytes(Side side, size_t i);
   // Shapes rail i to `mbit` in both directions from now on.
   absl::Status SetRate(size_t i, uint64_t mbit);
 
