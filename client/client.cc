@@ -1,3 +1,4 @@
+#include "wire/extents.h"
 #include "ferry/client.h"
 
 #include <httplib.h>
@@ -7,17 +8,17 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "engine/status.h"
+#include "base/status.h"
 #include "nlohmann/json.hpp"
 #include "server/http_api.h"
-#include "server/http_status.h"
+#include "wire/http_status.h"
 #include "server/node.h"
 
 namespace ferry {
 namespace {
 
-using server::EncodeName;
-using server::StatusFromResult;
+
+
 
 ObjectInfo InfoFromJson(const nlohmann::json& j) {
   ObjectInfo o{j.value("name", ""), j.value("version", uint64_t{0}), j.value("size", uint64_t{0}),
@@ -41,7 +42,7 @@ nlohmann::json ExtentsJson(const std::vector<Extent>& layout) {
 
 absl::StatusOr<nlohmann::json> JsonBody(const httplib::Result& r, const std::string& what) {
   RETURN_IF_ERROR(StatusFromResult(r, what));
-  auto j = server::ParseJson(r->body);
+  auto j = ParseJson(r->body);
   if (!j.ok()) return absl::UnknownError(what + ": node sent bad JSON");
   return j;
 }
@@ -234,7 +235,7 @@ const std::string& EmbeddedNode::id() const { return impl_->node->id(); }
 absl::StatusOr<uint64_t> EmbeddedNode::Register(void* addr, uint64_t size) {
   if (addr == nullptr || size == 0) return absl::InvalidArgumentError("empty memory range");
   ASSIGN_OR_RETURN(server::RegionInfo r,
-                   impl_->node->RegisterRegion(addr, size, engine::Device::Host()));
+                   impl_->node->RegisterRegion(addr, size, Device::Host()));
   return r.id;
 }
 
@@ -243,7 +244,7 @@ absl::Status EmbeddedNode::Unregister(uint64_t region) { return impl_->node->Del
 absl::StatusOr<ObjectInfo> EmbeddedNode::Publish(const std::string& name,
                                                  const std::vector<Extent>& layout,
                                                  bool replace) {
-  std::vector<metadata::ObjectExtent> extents;
+  std::vector<Extent> extents;
   for (const Extent& e : layout) extents.push_back({e.region, e.offset, e.length});
   ASSIGN_OR_RETURN(server::ObjectView v, impl_->node->Publish(name, extents, replace));
   return ObjectInfo{v.record.name, v.record.version, v.record.size, v.detached, layout};
@@ -251,11 +252,11 @@ absl::StatusOr<ObjectInfo> EmbeddedNode::Publish(const std::string& name,
 
 absl::StatusOr<PullResult> EmbeddedNode::PullInto(const std::string& from, const std::string& name,
                                                   const std::vector<Extent>& into) {
-  std::vector<metadata::ObjectExtent> extents;
+  std::vector<Extent> extents;
   for (const Extent& e : into) extents.push_back({e.region, e.offset, e.length});
   ASSIGN_OR_RETURN(server::PullStats s,
                    impl_->node->Pull(from, name, std::nullopt,
-                                     {{"extents_raw", server::RawExtents(extents)}}, "", false));
+                                     {{"extents_raw", RawExtents(extents)}}, "", false));
   return PullResult{s.bytes, s.seconds, s.path, s.bytes_per_rail};
 }
 

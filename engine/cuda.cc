@@ -10,13 +10,14 @@
 #include <string_view>
 #include <utility>
 
+#include "base/hex.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/cuda.h"
 #include "engine/cuda_copy.h"
 #include "engine/fabric.h"
-#include "engine/status.h"
+#include "base/status.h"
 
 namespace ferry::engine {
 namespace {

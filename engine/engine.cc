@@ -1,3 +1,4 @@
+#include "base/ids.h"
 #include "engine/engine.h"
 
 #include <sched.h>
@@ -13,7 +14,7 @@
 #include "engine/planner.h"
 #include "engine/progress_group.h"
 #include "engine/rail.h"
-#include "engine/status.h"
+#include "base/status.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::engine {

@@ -60,10 +60,6 @@ absl::StatusOr<std::string> ProviderFilter(std::string_view provider);
 // True when libfabric lists an FI_EP_RDM endpoint with RMA for `provider` (a user-facing name).
 bool ProviderAvailable(std::string_view provider);
 
-// Renders bytes as lowercase hex and back (fabric addresses travel as hex in JSON).
-std::string HexEncode(std::string_view bytes);
-absl::StatusOr<std::string> HexDecode(std::string_view hex);
-
 }  // namespace ferry::engine
 
 #endif  // FERRY_ENGINE_FABRIC_H_

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/control.h"
-#include "engine/status.h"
+#include "base/status.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::engine {

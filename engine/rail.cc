@@ -1,3 +1,4 @@
+#include "base/ids.h"
 #include "engine/rail.h"
 
 #include <unistd.h>
@@ -9,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda.h"
-#include "engine/status.h"
+#include "base/status.h"
 #include "engine/types.h"
 
 namespace ferry::engine {

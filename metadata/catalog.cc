@@ -1,3 +1,4 @@
+#include "base/ids.h"
 #include "metadata/catalog.h"
 
 #include <algorithm>
@@ -6,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "engine/status.h"
+#include "base/status.h"
 #include "engine/types.h"
 #include "nlohmann/json.hpp"
 #include "rocksdb/db.h"
@@ -58,15 +59,15 @@ std::string VersionKey(const std::string& name, uint64_t v) {
 }
 
 // The regions a layout has extents in, each once: a version counts once per region it uses.
-std::set<uint64_t> RegionsOf(const std::vector<ObjectExtent>& extents) {
+std::set<uint64_t> RegionsOf(const std::vector<Extent>& extents) {
   std::set<uint64_t> out;
-  for (const ObjectExtent& e : extents) out.insert(e.region);
+  for (const Extent& e : extents) out.insert(e.region);
   return out;
 }
 
 std::string EncodeRecord(const ObjectRecord& r) {
   nlohmann::json extents = nlohmann::json::array();
-  for (const ObjectExtent& e : r.extents) extents.push_back({e.region, e.offset, e.length});
+  for (const Extent& e : r.extents) extents.push_back({e.region, e.offset, e.length});
   return nlohmann::json{{"name", r.name},
                         {"version", r.version},
                         {"size", r.size},
@@ -165,7 +166,7 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
   if (!s.ok() && !s.IsNotFound()) return FromRocksDb(s, "read schema version");
   s = db->Get({}, c->meta_, kNodeIdKey, &c->node_id_);
   if (s.IsNotFound()) {
-    c->node_id_ = engine::RandomId();
+    c->node_id_ = RandomId();
     rocksdb::WriteBatch batch;
     batch.Put(c->meta_, kSchemaKey, kSchemaVersion);
     batch.Put(c->meta_, kNodeIdKey, c->node_id_);
@@ -218,13 +219,13 @@ absl::StatusOr<uint64_t> Catalog::NextRegionId() {
 }
 
 absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
-                                              const std::vector<ObjectExtent>& extents,
+                                              const std::vector<Extent>& extents,
                                               bool replace, std::set<uint64_t>* released) {
   RETURN_IF_ERROR(ValidateObjectName(name));
   ObjectRecord r;
   r.name = name;
   r.extents = extents;
-  for (const ObjectExtent& e : extents) {
+  for (const Extent& e : extents) {
     if (r.size + e.length < r.size) return absl::InvalidArgumentError("object size overflows");
     r.size += e.length;
   }

@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "ferry/types.h"
 
 namespace rocksdb {
 class DB;
@@ -23,20 +24,11 @@ class ColumnFamilyHandle;
 
 namespace ferry::metadata {
 
-// One extent of an object: `length` bytes at `offset` of region `region` (a node-wide
-// region id, never reused, also across restarts).
-struct ObjectExtent {
-  uint64_t region = 0;
-  uint64_t offset = 0;
-  uint64_t length = 0;
-  bool operator==(const ObjectExtent&) const = default;
-};
-
 struct ObjectRecord {
   std::string name;
   uint64_t version = 0;  // 1, 2, ... per name
   uint64_t size = 0;     // sum of the extents' lengths
-  std::vector<ObjectExtent> extents;
+  std::vector<Extent> extents;  // regions are node-wide region ids, never reused
   int64_t created_ms = 0;  // Unix time
 };
 
@@ -74,7 +66,7 @@ class Catalog {
   // the removal of the versions past `keep_versions`. `released` (if given) gets the regions
   // that no object version uses any more.
   absl::StatusOr<ObjectRecord> Publish(const std::string& name,
-                                       const std::vector<ObjectExtent>& extents, bool replace,
+                                       const std::vector<Extent>& extents, bool replace,
                                        std::set<uint64_t>* released = nullptr);
   // The latest version, or `version`. kNotFound: no such name or version.
   absl::StatusOr<ObjectRecord> Get(const std::string& name,

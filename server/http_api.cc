@@ -1,3 +1,4 @@
+#include "wire/extents.h"
 #include "server/http_api.h"
 
 #include <httplib.h>
@@ -7,8 +8,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "engine/status.h"
-#include "server/http_status.h"
+#include "base/status.h"
+#include "wire/http_status.h"
 
 namespace ferry::server {
 namespace {
@@ -128,13 +129,13 @@ void GetData(Node& node, const std::string& name, const httplib::Request& req,
 // Where PUT /v1/objects/{name}/data puts the bytes: ?device= (default host), ?replace=.
 struct UploadTarget {
   bool replace = false;
-  engine::Device device;
+  Device device;
 };
 
 absl::StatusOr<UploadTarget> UploadTargetOf(const httplib::Request& req) {
   UploadTarget to;
   ASSIGN_OR_RETURN(to.replace, BoolParam(req, "replace"));
-  ASSIGN_OR_RETURN(to.device, engine::Device::Parse(req.has_param("device")
+  ASSIGN_OR_RETURN(to.device, Device::Parse(req.has_param("device")
                                                         ? req.get_param_value("device")
                                                         : "host"));
   return to;
@@ -325,7 +326,7 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
     if (size == body->end() || !size->is_number_unsigned()) {
       return WriteError(res, absl::InvalidArgumentError("\"size\" must be an unsigned integer"));
     }
-    auto dev = engine::Device::Parse(device);
+    auto dev = Device::Parse(device);
     if (!dev.ok()) return WriteError(res, dev.status());
     WriteResponse(res, node.AllocateRegion(*dev, size->get<uint64_t>()), 201);
   })));

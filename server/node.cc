@@ -1,3 +1,5 @@
+#include "base/hex.h"
+#include "base/ids.h"
 #include "server/node.h"
 
 #include <httplib.h>
@@ -10,105 +12,19 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "engine/fabric.h"
-#include "engine/status.h"
-#include "server/http_status.h"
+#include "base/status.h"
+#include "wire/http_status.h"
 
 namespace ferry::server {
 namespace {
 
-constexpr char kHttpStatusPayload[] = "ferry/http-status";
 constexpr uint64_t kMaxRegionSize = uint64_t{1} << 40;
-
-absl::Status WithHttpStatus(absl::Status s, int http) {
-  s.SetPayload(kHttpStatusPayload, absl::Cord(std::to_string(http)));
-  return s;
-}
 
 void FreeOwned(char* p) { std::free(p); }
 
 void FreeCuda(char* p) { engine::CudaFree(p); }
 
 }  // namespace
-
-absl::StatusOr<uint64_t> UnsignedField(const nlohmann::json& j, const char* name) {
-  auto it = j.find(name);
-  if (it == j.end() || !it->is_number_unsigned()) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", name, "\" must be an unsigned integer"));
-  }
-  return it->get<uint64_t>();
-}
-
-absl::StatusOr<std::vector<metadata::ObjectExtent>> ExtentsFromJson(const nlohmann::json& j) {
-  if (!j.is_array()) return absl::InvalidArgumentError("\"extents\" must be an array");
-  std::vector<metadata::ObjectExtent> out;
-  out.reserve(j.size());
-  for (const auto& e : j) {
-    if (e.is_array()) {
-      if (e.size() != 3 || !e[0].is_number_unsigned() || !e[1].is_number_unsigned() ||
-          !e[2].is_number_unsigned()) {
-        return absl::InvalidArgumentError("a compact extent is [region, offset, length], unsigned");
-      }
-      out.push_back({e[0].get<uint64_t>(), e[1].get<uint64_t>(), e[2].get<uint64_t>()});
-      continue;
-    }
-    if (!e.is_object()) return absl::InvalidArgumentError("an extent must be an object");
-    ASSIGN_OR_RETURN(uint64_t region, UnsignedField(e, "region"));
-    ASSIGN_OR_RETURN(uint64_t offset, UnsignedField(e, "offset"));
-    ASSIGN_OR_RETURN(uint64_t length, UnsignedField(e, "length"));
-    out.push_back({region, offset, length});
-  }
-  return out;
-}
-
-std::string RawExtents(const std::vector<metadata::ObjectExtent>& extents) {
-  std::string raw(extents.size() * 24, '\0');
-  char* p = raw.data();
-  for (const metadata::ObjectExtent& e : extents) {
-    for (uint64_t v : {e.region, e.offset, e.length}) {
-      for (int b = 0; b < 8; ++b) *p++ = static_cast<char>(v >> (8 * b));
-    }
-  }
-  return raw;
-}
-
-absl::StatusOr<std::vector<metadata::ObjectExtent>> UnpackRawExtents(std::string_view raw) {
-  if (raw.size() % 24 != 0) {
-    return absl::InvalidArgumentError("raw extents are not (region, offset, length) triplets");
-  }
-  std::vector<metadata::ObjectExtent> out(raw.size() / 24);
-  const auto* p = reinterpret_cast<const unsigned char*>(raw.data());
-  for (metadata::ObjectExtent& e : out) {
-    for (uint64_t* v : {&e.region, &e.offset, &e.length}) {
-      *v = 0;
-      for (int b = 0; b < 8; ++b) *v |= uint64_t{*p++} << (8 * b);
-    }
-  }
-  return out;
-}
-
-std::string PackExtents(const std::vector<metadata::ObjectExtent>& extents) {
-  return absl::Base64Escape(RawExtents(extents));
-}
-
-absl::StatusOr<std::vector<metadata::ObjectExtent>> UnpackExtents(const std::string& b64) {
-  std::string raw;
-  if (!absl::Base64Unescape(b64, &raw)) return absl::InvalidArgumentError("\"extents_b64\" is not base64");
-  return UnpackRawExtents(raw);
-}
-
-absl::Status Conflict(absl::string_view message) {
-  return WithHttpStatus(absl::FailedPreconditionError(std::string(message)), 409);
-}
-
-absl::Status TooLarge(absl::string_view message) {
-  return WithHttpStatus(absl::ResourceExhaustedError(std::string(message)), 413);
-}
-
-std::optional<int> HttpStatusOverride(const absl::Status& s) {
-  auto p = s.GetPayload(kHttpStatusPayload);
-  if (!p) return std::nullopt;
-  return std::atoi(std::string(*p).c_str());
-}
 
 nlohmann::json ToJson(const RegionInfo& r) {
   return {{"id", r.id},
@@ -120,7 +36,7 @@ nlohmann::json ToJson(const RegionInfo& r) {
 
 nlohmann::json ToJson(const ObjectView& o, bool with_extents) {
   nlohmann::json devices = nlohmann::json::array();
-  for (const engine::Device& d : o.devices) devices.push_back(d.ToString());
+  for (const Device& d : o.devices) devices.push_back(d.ToString());
   nlohmann::json j = {{"name", o.record.name},   {"version", o.record.version},
                       {"size", o.record.size},   {"created_ms", o.record.created_ms},
                       {"detached", o.detached},  {"devices", devices},
@@ -194,7 +110,7 @@ nlohmann::json Node::Info() const {
     nlohmann::json rail = {{"provider", r.provider},
                            {"fabric", r.fabric},
                            {"domain", r.domain},
-                           {"address", engine::HexEncode(r.address)},
+                           {"address", HexEncode(r.address)},
                            {"tx_depth", r.tx_depth},
                            {"max_msg_size", r.max_msg_size},
                            {"iov_limit", r.iov_limit},
@@ -205,7 +121,7 @@ nlohmann::json Node::Info() const {
   }
   nlohmann::json devices = {"host"};
   for (int i = 0; i < engine::CudaDeviceCount(); ++i) {
-    devices.push_back(engine::Device::Cuda(i).ToString());
+    devices.push_back(Device::Cuda(i).ToString());
   }
   uint64_t spare = 0;
   {
@@ -214,16 +130,16 @@ nlohmann::json Node::Info() const {
   }
   return {{"id", id()},
           {"version", "0.1.0"},
-          {"host", engine::HostId()},
+          {"host", HostId()},
           {"rails", rails},
           {"progress_threads", engine_->progress_threads()},
           {"devices", devices},
           {"cuda_built", engine::CudaBuilt()},
           {"spare_bytes", spare},
-          {"bell", engine::HexEncode(engine_->bell_address())}};
+          {"bell", HexEncode(engine_->bell_address())}};
 }
 
-absl::StatusOr<RegionInfo> Node::AllocateRegion(engine::Device device, uint64_t size,
+absl::StatusOr<RegionInfo> Node::AllocateRegion(Device device, uint64_t size,
                                                 bool for_object) {
   if (size == 0 || size > kMaxRegionSize) {
     return absl::InvalidArgumentError(absl::StrCat("region size must be 1 to ", kMaxRegionSize));
@@ -234,7 +150,7 @@ absl::StatusOr<RegionInfo> Node::AllocateRegion(engine::Device device, uint64_t 
       return AddRegion(mem, size, device, std::move(spare), true);
     }
   }
-  if (device.kind == engine::Device::Kind::kCuda) {
+  if (device.kind == Device::Kind::kCuda) {
     ASSIGN_OR_RETURN(void* mem, engine::CudaAlloc(device.index, size));
     return AddRegion(static_cast<char*>(mem), size, device, {static_cast<char*>(mem), &FreeCuda},
                      for_object);
@@ -245,14 +161,14 @@ absl::StatusOr<RegionInfo> Node::AllocateRegion(engine::Device device, uint64_t 
 }
 
 absl::StatusOr<RegionInfo> Node::RegisterRegion(void* addr, uint64_t size,
-                                                engine::Device device) {
+                                                Device device) {
   return AddRegion(static_cast<char*>(addr), size, device, {nullptr, &FreeOwned}, false);
 }
 
-absl::StatusOr<RegionInfo> Node::AddRegion(char* addr, uint64_t size, engine::Device device,
+absl::StatusOr<RegionInfo> Node::AddRegion(char* addr, uint64_t size, Device device,
                                            OwnedMemory owned, bool for_object) {
   engine::CudaIpcExport ipc;
-  if (device.kind == engine::Device::Kind::kCuda) {
+  if (device.kind == Device::Kind::kCuda) {
     RETURN_IF_ERROR(engine::CheckCudaDevice(device.index));
     ASSIGN_OR_RETURN(ipc, engine::CudaExportIpc(addr));
   }
@@ -262,7 +178,7 @@ absl::StatusOr<RegionInfo> Node::AddRegion(char* addr, uint64_t size, engine::De
   auto registered = engine_->RegisterMemory(addr, size, device);
   if (registered.ok()) {
     eid = *registered;
-  } else if (device.kind == engine::Device::Kind::kHost ||
+  } else if (device.kind == Device::Kind::kHost ||
              registered.status().code() != absl::StatusCode::kUnimplemented) {
     return registered.status();
   }
@@ -315,7 +231,7 @@ void Node::KeepSpareLocked(Region& r) {
   spares_.push_back({r.info.device, size, std::move(r.owned)});
 }
 
-Node::OwnedMemory Node::TakeSpare(engine::Device device, uint64_t size) {
+Node::OwnedMemory Node::TakeSpare(Device device, uint64_t size) {
   absl::MutexLock lock(&mu_);
   for (auto it = spares_.begin(); it != spares_.end(); ++it) {
     if (it->size != size || !(it->device == device)) continue;
@@ -338,7 +254,7 @@ std::vector<RegionInfo> Node::Regions() {
 bool Node::Attached(const metadata::ObjectRecord& r) const { return AllRegistered(r.extents); }
 
 absl::StatusOr<ObjectView> Node::Publish(const std::string& name,
-                                         const std::vector<metadata::ObjectExtent>& extents,
+                                         const std::vector<Extent>& extents,
                                          bool replace) {
   RETURN_IF_ERROR(metadata::ValidateObjectName(name));
   if (extents.empty()) return absl::InvalidArgumentError("an object needs at least one extent");
@@ -346,11 +262,11 @@ absl::StatusOr<ObjectView> Node::Publish(const std::string& name,
     return TooLarge(absl::StrCat(extents.size(), " extents; the limit is ", options_.max_extents));
   }
   absl::MutexLock lock(&mu_);
-  for (const metadata::ObjectExtent& e : extents) {
+  for (const Extent& e : extents) {
     auto it = regions_.find(e.region);
     if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", e.region));
     if (e.length == 0) return absl::InvalidArgumentError("an extent has length 0");
-    if (!engine::InBounds(e.offset, e.length, it->second.info.size)) {
+    if (!InBounds(e.offset, e.length, it->second.info.size)) {
       return absl::InvalidArgumentError(absl::StrCat("extent [", e.offset, ", +", e.length,
                                                      ") is outside region ", e.region, " of ",
                                                      it->second.info.size, " bytes"));
@@ -365,7 +281,7 @@ absl::StatusOr<ObjectView> Node::Publish(const std::string& name,
 ObjectView Node::View(metadata::ObjectRecord r) const {
   ObjectView v;
   v.detached = !Attached(r);
-  for (const metadata::ObjectExtent& e : r.extents) {
+  for (const Extent& e : r.extents) {
     auto it = regions_.find(e.region);
     if (it == regions_.end()) continue;
     if (std::find(v.devices.begin(), v.devices.end(), it->second.info.device) == v.devices.end()) {
@@ -428,7 +344,7 @@ void Node::FreeUnusedLocked(absl::Duration grace) {
 
 absl::StatusOr<std::unique_ptr<Node::Upload>> Node::BeginUpload(const std::string& name,
                                                                 uint64_t size, bool replace,
-                                                                engine::Device device) {
+                                                                Device device) {
   RETURN_IF_ERROR(metadata::ValidateObjectName(name));
   if (size == 0) return absl::InvalidArgumentError("an object needs at least one byte");
   if (!replace && catalog_->Get(name).ok()) {
@@ -449,7 +365,7 @@ absl::Status Node::Upload::Append(const char* data, size_t n) {
   }
   // Host memory takes the bytes at once; GPU memory in copies of a whole pinned stage
   // (cpp-httplib hands a body over in pieces of 4 KiB).
-  if (region_.device.kind != engine::Device::Kind::kCuda) {
+  if (region_.device.kind != Device::Kind::kCuda) {
     RETURN_IF_ERROR(node_->CopyIntoRegion(region_.id, written_, data, n));
     written_ += n;
     return absl::OkStatus();
@@ -488,7 +404,7 @@ absl::StatusOr<ObjectView> Node::Upload::Finish() {
 }
 
 absl::StatusOr<ObjectView> Node::PutData(const std::string& name, std::string_view bytes,
-                                         bool replace, engine::Device device) {
+                                         bool replace, Device device) {
   ASSIGN_OR_RETURN(std::unique_ptr<Upload> upload, BeginUpload(name, bytes.size(), replace, device));
   RETURN_IF_ERROR(upload->Append(bytes.data(), bytes.size()));
   return upload->Finish();
@@ -498,7 +414,7 @@ absl::Status Node::CopyIntoRegion(uint64_t id, uint64_t offset, const char* src,
   absl::ReaderMutexLock lock(&mu_);
   auto it = regions_.find(id);
   if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("region ", id, " is gone"));
-  if (!engine::InBounds(offset, n, it->second.info.size)) {
+  if (!InBounds(offset, n, it->second.info.size)) {
     return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", +", n,
                                               ") are outside region ", id));
   }
@@ -507,7 +423,7 @@ absl::Status Node::CopyIntoRegion(uint64_t id, uint64_t offset, const char* src,
 
 absl::Status Node::ReadData(const metadata::ObjectRecord& object, uint64_t offset,
                             uint64_t length, char* out) const {
-  if (!engine::InBounds(offset, length, object.size)) {
+  if (!InBounds(offset, length, object.size)) {
     return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", +", length,
                                               ") are past the end of ", object.size));
   }
@@ -525,8 +441,8 @@ absl::Status Node::ReadData(const metadata::ObjectRecord& object, uint64_t offse
 }
 
 absl::StatusOr<PinnedStages::Buffer> Node::ReadBuffer(const ObjectView& object) {
-  if (std::any_of(object.devices.begin(), object.devices.end(), [](const engine::Device& d) {
-        return d.kind == engine::Device::Kind::kCuda;
+  if (std::any_of(object.devices.begin(), object.devices.end(), [](const Device& d) {
+        return d.kind == Device::Kind::kCuda;
       })) {
     return stages_.Take();
   }
@@ -536,10 +452,10 @@ absl::StatusOr<PinnedStages::Buffer> Node::ReadBuffer(const ObjectView& object) 
 }
 
 absl::StatusOr<std::vector<Span>> Node::SpansOf(
-    const std::vector<metadata::ObjectExtent>& extents) const {
+    const std::vector<Extent>& extents) const {
   std::vector<Span> spans;
   spans.reserve(extents.size());
-  for (const metadata::ObjectExtent& e : extents) {
+  for (const Extent& e : extents) {
     auto it = regions_.find(e.region);
     if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", e.region));
     spans.push_back({it->second.addr + e.offset, e.length, it->second.info.device});
@@ -547,14 +463,14 @@ absl::StatusOr<std::vector<Span>> Node::SpansOf(
   return spans;
 }
 
-bool Node::AllRegistered(const std::vector<metadata::ObjectExtent>& extents) const {
-  return std::all_of(extents.begin(), extents.end(), [this](const metadata::ObjectExtent& e) {
+bool Node::AllRegistered(const std::vector<Extent>& extents) const {
+  return std::all_of(extents.begin(), extents.end(), [this](const Extent& e) {
     return regions_.contains(e.region);
   });
 }
 
-engine::RegionDescriptor Node::DescriptorOf(const Region& r) const {
-  engine::RegionDescriptor d;
+RegionDescriptor Node::DescriptorOf(const Region& r) const {
+  RegionDescriptor d;
   if (r.engine_id != 0) {
     d = engine_->Describe(r.engine_id).value();
   } else {
@@ -563,8 +479,8 @@ engine::RegionDescriptor Node::DescriptorOf(const Region& r) const {
     d.length = r.info.size;
     d.device = r.info.device;
   }
-  if (r.info.device.kind == engine::Device::Kind::kCuda) {
-    d.host = engine::HostId();
+  if (r.info.device.kind == Device::Kind::kCuda) {
+    d.host = HostId();
     d.ipc_handle = r.ipc.handle;
     d.ipc_offset = r.ipc.offset;
     d.ipc_gpu = r.ipc.gpu;

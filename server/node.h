@@ -53,7 +53,7 @@ struct NodeOptions {
 
 struct RegionInfo {
   uint64_t id = 0;
-  engine::Device device;
+  Device device;
   uint64_t size = 0;
   bool owned = false;  // allocated by the node (ferryd), not the caller's memory
   // Allocated for an object's bytes (an upload, a pull into a new buffer): freed with the last
@@ -64,7 +64,7 @@ struct RegionInfo {
 struct ObjectView {
   metadata::ObjectRecord record;
   bool detached = false;  // a region of its layout is not registered (since a restart)
-  std::vector<engine::Device> devices;  // where its extents live, each once
+  std::vector<Device> devices;  // where its extents live, each once
   bool on_rails = true;  // every region of its layout is registered on the rails
 };
 
@@ -81,38 +81,10 @@ struct PullStats {
   std::vector<double> rail_seconds;  // per source rail: its last delivery completion
 };
 
-// [{"region":R,"offset":O,"length":L}, ...] with unsigned fields, or the compact form
-// [[R, O, L], ...] (what nodes send each other). kInvalidArgument otherwise.
-absl::StatusOr<std::vector<metadata::ObjectExtent>> ExtentsFromJson(const nlohmann::json& j);
-// Extents as base64 of little-endian u64 triplets (region, offset, length), the "extents_b64"
-// of pull requests: a KV-cache layout has tens of thousands, and JSON costs microseconds each
-// at both ends.
-std::string PackExtents(const std::vector<metadata::ObjectExtent>& extents);
-absl::StatusOr<std::vector<metadata::ObjectExtent>> UnpackExtents(const std::string& b64);
-// The same triplets unencoded: what a body of type kExtentsContentType carries after its JSON.
-std::string RawExtents(const std::vector<metadata::ObjectExtent>& extents);
-absl::StatusOr<std::vector<metadata::ObjectExtent>> UnpackRawExtents(std::string_view raw);
-
-// A request body of this type is a JSON object, a newline, then extents as raw triplets (see
-// RawExtents): the "into" extents of POST /v1/pulls, the destination extents of a node-to-node
-// pull. Big layouts skip both JSON and base64 this way. In the parsed request the raw bytes
-// are the string "extents_raw".
-inline constexpr char kExtentsContentType[] = "application/vnd.ferry.extents";
-
-// The unsigned integer field `name` of `j`. kInvalidArgument when missing or not one.
-absl::StatusOr<uint64_t> UnsignedField(const nlohmann::json& j, const char* name);
-
 nlohmann::json ToJson(const RegionInfo& r);
 // Without extents: what a pulling node needs (size, devices, on_rails), cheap for big layouts.
 nlohmann::json ToJson(const ObjectView& o, bool with_extents = true);
 nlohmann::json ToJson(const PullStats& s);
-
-// Statuses that the HTTP layer answers with a status code other than its default for the
-// code: 409 for a precondition that is a conflict (region in use, object detached), 413 for
-// a request over a limit.
-absl::Status Conflict(absl::string_view message);
-absl::Status TooLarge(absl::string_view message);
-std::optional<int> HttpStatusOverride(const absl::Status& s);
 
 class Node {
  public:
@@ -129,10 +101,10 @@ class Node {
   // a new buffer, which writes every byte before it publishes) may take a spare instead, not
   // zeroed. kInvalidArgument: size 0 or over the limit of 1 TiB. kUnimplemented: a device
   // this build cannot allocate.
-  absl::StatusOr<RegionInfo> AllocateRegion(engine::Device device, uint64_t size,
+  absl::StatusOr<RegionInfo> AllocateRegion(Device device, uint64_t size,
                                             bool for_object = false);
   // The caller's memory, registered until DeleteRegion; the caller keeps it valid till then.
-  absl::StatusOr<RegionInfo> RegisterRegion(void* addr, uint64_t size, engine::Device device);
+  absl::StatusOr<RegionInfo> RegisterRegion(void* addr, uint64_t size, Device device);
   // kNotFound: unknown region. kFailedPrecondition (409): an object uses it.
   absl::Status DeleteRegion(uint64_t id);
   // Frees first what `unused_` holds (see FreeUnusedLocked).
@@ -142,7 +114,7 @@ class Node {
   // unknown region. kAlreadyExists: the name is taken and `replace` is false.
   // kResourceExhausted (413): too many extents.
   absl::StatusOr<ObjectView> Publish(const std::string& name,
-                                     const std::vector<metadata::ObjectExtent>& extents,
+                                     const std::vector<Extent>& extents,
                                      bool replace);
   absl::StatusOr<ObjectView> Describe(const std::string& name,
                                       std::optional<uint64_t> version = std::nullopt) const;
@@ -183,10 +155,10 @@ class Node {
   // Allocates `size` bytes on `device` for an upload of `name`. kInvalidArgument: a bad name,
   // size 0 (or as AllocateRegion). kAlreadyExists: the name is taken and `replace` is false.
   absl::StatusOr<std::unique_ptr<Upload>> BeginUpload(const std::string& name, uint64_t size,
-                                                      bool replace, engine::Device device);
+                                                      bool replace, Device device);
   // BeginUpload, Append, Finish with `bytes`.
   absl::StatusOr<ObjectView> PutData(const std::string& name, std::string_view bytes,
-                                     bool replace, engine::Device device = engine::Device::Host());
+                                     bool replace, Device device = Device::Host());
   // Copies bytes [offset, offset + length) of the object to `out`.
   // kFailedPrecondition (409): detached. kOutOfRange: past the end.
   absl::Status ReadData(const metadata::ObjectRecord& object, uint64_t offset, uint64_t length,
@@ -229,8 +201,8 @@ class Node {
   };
   // Destination extents of a pull as the source checked them.
   struct PullTarget {
-    std::vector<engine::RegionDescriptor> regions;
-    std::vector<engine::Extent> extents;  // region = index into `regions`
+    std::vector<RegionDescriptor> regions;
+    std::vector<Extent> extents;  // region = index into `regions`
   };
   // Counts a pull (either side) while it runs; ~Node waits for none.
   class PullInFlight {
@@ -256,12 +228,12 @@ class Node {
   explicit Node(const NodeOptions& options) : options_(options) {}
   bool Attached(const metadata::ObjectRecord& r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   ObjectView View(metadata::ObjectRecord r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  engine::RegionDescriptor DescriptorOf(const Region& r) const;
+  RegionDescriptor DescriptorOf(const Region& r) const;
   // The object bytes of `extents` (over this node's regions) as local spans. kNotFound: a
   // region that is not registered.
-  absl::StatusOr<std::vector<Span>> SpansOf(const std::vector<metadata::ObjectExtent>& extents)
+  absl::StatusOr<std::vector<Span>> SpansOf(const std::vector<Extent>& extents)
       const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  bool AllRegistered(const std::vector<metadata::ObjectExtent>& extents) const
+  bool AllRegistered(const std::vector<Extent>& extents) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void OnControl(std::string_view sender, std::string_view payload);
   absl::StatusOr<PullTarget> ParsePullTarget(const nlohmann::json& req, uint64_t size) const;
@@ -274,10 +246,10 @@ class Node {
                                         const nlohmann::json& staging, absl::Time deadline);
   // Destination side of the staged path: copies each chunk out of `ring` into `local` as its
   // immediate lands, and gives the slot back to the source. Stops early when `*stop` is set.
-  absl::Status ReceiveStaged(const std::vector<metadata::ObjectExtent>& local, uint64_t size,
+  absl::Status ReceiveStaged(const std::vector<Extent>& local, uint64_t size,
                              StagingRing& ring, uint32_t tag, engine::PeerId source,
                              absl::Time deadline, const std::atomic<bool>* stop);
-  absl::StatusOr<RegionInfo> AddRegion(char* addr, uint64_t size, engine::Device device,
+  absl::StatusOr<RegionInfo> AddRegion(char* addr, uint64_t size, Device device,
                                        OwnedMemory owned, bool for_object);
   // Deregisters the region from the rails (waiting until `deadline` for a transfer to let go
   // of it; kFailedPrecondition as a 409 if none does) and frees it.
@@ -291,7 +263,7 @@ class Node {
   // an object, and fits in NodeOptions::spare_bytes.
   void KeepSpareLocked(Region& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A spare of exactly `size` bytes on `device`, taken; null when there is none.
-  OwnedMemory TakeSpare(engine::Device device, uint64_t size);
+  OwnedMemory TakeSpare(Device device, uint64_t size);
   // The regions of dropped object versions that the catalog `released`: those the node
   // allocated for objects go to `unused_` and are freed.
   void ReleaseLocked(const std::set<uint64_t>& released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -308,7 +280,7 @@ class Node {
   std::set<uint64_t> unused_ ABSL_GUARDED_BY(mu_);
   // Memory of freed object buffers kept for reuse, oldest first (NodeOptions::spare_bytes).
   struct Spare {
-    engine::Device device;
+    Device device;
     uint64_t size = 0;
     OwnedMemory memory{nullptr, nullptr};
   };

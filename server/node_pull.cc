@@ -6,12 +6,15 @@
 #include <cstdio>
 #include <thread>
 
+#include "wire/extents.h"
+#include "base/hex.h"
+#include "base/ids.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/fabric.h"
-#include "engine/status.h"
-#include "server/http_status.h"
+#include "base/status.h"
+#include "wire/http_status.h"
 #include "server/node.h"
 
 namespace ferry::server {
@@ -20,13 +23,13 @@ namespace {
 constexpr size_t kMaxPeerRails = 64;
 constexpr char kCreditPrefix[] = "ferry.credit ";
 
-bool IsCuda(const engine::Device& d) { return d.kind == engine::Device::Kind::kCuda; }
+bool IsCuda(const Device& d) { return d.kind == Device::Kind::kCuda; }
 
 uint64_t Chunks(uint64_t size, uint64_t chunk) { return (size + chunk - 1) / chunk; }
 
 // A request's extents: "extents_raw" (from a kExtentsContentType body), "extents_b64" or
 // "extents" (JSON); empty when it has none.
-absl::StatusOr<std::vector<metadata::ObjectExtent>> RequestExtents(const nlohmann::json& req) {
+absl::StatusOr<std::vector<Extent>> RequestExtents(const nlohmann::json& req) {
   if (auto raw = req.find("extents_raw"); raw != req.end()) {
     if (!raw->is_string()) return absl::InvalidArgumentError("\"extents_raw\" must be a string");
     return UnpackRawExtents(raw->get_ref<const std::string&>());
@@ -36,7 +39,7 @@ absl::StatusOr<std::vector<metadata::ObjectExtent>> RequestExtents(const nlohman
     return UnpackExtents(b64->get<std::string>());
   }
   if (auto extents = req.find("extents"); extents != req.end()) return ExtentsFromJson(*extents);
-  return std::vector<metadata::ObjectExtent>{};
+  return std::vector<Extent>{};
 }
 
 }  // namespace
@@ -56,12 +59,12 @@ absl::StatusOr<engine::PeerId> Node::PeerFor(const nlohmann::json& request,
   engine::PeerAddress address{node->get<std::string>(), {}, {}};
   for (const auto& r : *rails) {
     if (!r.is_string()) return absl::InvalidArgumentError("a rail address must be a hex string");
-    ASSIGN_OR_RETURN(std::string raw, engine::HexDecode(r.get<std::string>()));
+    ASSIGN_OR_RETURN(std::string raw, HexDecode(r.get<std::string>()));
     address.rails.push_back(std::move(raw));
   }
   if (auto bell = request.find("bell"); bell != request.end()) {
     if (!bell->is_string()) return absl::InvalidArgumentError("\"bell\" must be a hex string");
-    ASSIGN_OR_RETURN(address.bell, engine::HexDecode(bell->get<std::string>()));
+    ASSIGN_OR_RETURN(address.bell, HexDecode(bell->get<std::string>()));
   }
   auto peer = engine_->AddPeer(address, deadline);
   if (!peer.ok() && peer.status().code() != absl::StatusCode::kInvalidArgument) {
@@ -77,7 +80,7 @@ absl::StatusOr<Node::PullTarget> Node::ParsePullTarget(const nlohmann::json& req
   if (regions == req.end() || !regions->is_array() || regions->empty()) {
     return absl::InvalidArgumentError("\"regions\" must be a non-empty array of descriptors");
   }
-  ASSIGN_OR_RETURN(std::vector<metadata::ObjectExtent> parsed, RequestExtents(req));
+  ASSIGN_OR_RETURN(std::vector<Extent> parsed, RequestExtents(req));
   if (parsed.empty()) {
     return absl::InvalidArgumentError("\"extents\" (or \"extents_b64\") must be non-empty");
   }
@@ -86,7 +89,7 @@ absl::StatusOr<Node::PullTarget> Node::ParsePullTarget(const nlohmann::json& req
   }
   PullTarget t;
   for (const auto& d : *regions) {
-    ASSIGN_OR_RETURN(engine::RegionDescriptor desc, engine::RegionDescriptorFromJson(d));
+    ASSIGN_OR_RETURN(RegionDescriptor desc, RegionDescriptorFromJson(d));
     t.regions.push_back(std::move(desc));
   }
   struct Abs {
@@ -101,8 +104,8 @@ absl::StatusOr<Node::PullTarget> Node::ParsePullTarget(const nlohmann::json& req
                                                      t.regions.size()));
     }
     if (length == 0) return absl::InvalidArgumentError("an extent has length 0");
-    const engine::RegionDescriptor& d = t.regions[region];
-    if (!engine::InBounds(offset, length, d.length)) {
+    const RegionDescriptor& d = t.regions[region];
+    if (!InBounds(offset, length, d.length)) {
       return absl::InvalidArgumentError(absl::StrCat("destination extent [", offset, ", +",
                                                      length, ") is outside its region of ",
                                                      d.length, " bytes"));
@@ -179,7 +182,7 @@ absl::StatusOr<PullStats> Node::ServeRdma(const metadata::ObjectRecord& object, 
   {
     absl::MutexLock lock(&mu_);
     if (!Attached(object)) return Conflict("the object's regions went during the pull");
-    for (const metadata::ObjectExtent& e : object.extents) {
+    for (const Extent& e : object.extents) {
       const Region& r = regions_.at(e.region);
       if (r.engine_id == 0) {
         return Conflict(absl::StrCat("rdma: region ", e.region, " (", r.info.device.ToString(),
@@ -200,12 +203,12 @@ absl::StatusOr<PullStats> Node::ServeRdma(const metadata::ObjectRecord& object, 
 absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
                                          const PullTarget& target) {
   for (size_t i = 0; i < target.regions.size(); ++i) {
-    const engine::RegionDescriptor& d = target.regions[i];
+    const RegionDescriptor& d = target.regions[i];
     if (!IsCuda(d.device) || d.ipc_handle.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("cuda_ipc: destination region ", i, " is not GPU memory with an IPC handle"));
     }
-    if (d.host != engine::HostId()) {
+    if (d.host != HostId()) {
       return absl::InvalidArgumentError("cuda_ipc: the destination is on another host");
     }
   }
@@ -213,7 +216,7 @@ absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
   absl::ReaderMutexLock lock(&mu_);
   if (!Attached(object)) return Conflict("the object's regions went during the pull");
   ASSIGN_OR_RETURN(std::vector<Span> src, SpansOf(object.extents));
-  const engine::Device gpu = src.front().device;
+  const Device gpu = src.front().device;
   for (const Span& s : src) {
     if (!(s.device == gpu) || !IsCuda(gpu)) {
       return absl::InvalidArgumentError("cuda_ipc: the object must live on one GPU");
@@ -224,7 +227,7 @@ absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
   // relay through the copy engines (CudaCopyBatch::Begin's src_device) waits until it has
   // been measured on two GPUs (ferry-bench gpu's batched_copy_relayed row).
   const std::string& dst_uuid = target.regions.front().ipc_gpu;
-  for (const engine::RegionDescriptor& d : target.regions) {
+  for (const RegionDescriptor& d : target.regions) {
     if (d.ipc_gpu != dst_uuid) {
       return absl::InvalidArgumentError("cuda_ipc: the destination must be on one GPU");
     }
@@ -233,9 +236,9 @@ absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
   RETURN_IF_ERROR(engine::CudaEnablePeerAccess(dst_gpu, gpu.index));
   const absl::Time start = absl::Now();
   std::vector<engine::CudaMapping> maps;
-  for (const engine::RegionDescriptor& d : target.regions) {
+  for (const RegionDescriptor& d : target.regions) {
     ASSIGN_OR_RETURN(engine::CudaMapping m, ipc_cache_.Open(d.ipc_handle, dst_gpu));
-    if (!engine::InBounds(d.ipc_offset, d.length, m.size)) {
+    if (!InBounds(d.ipc_offset, d.length, m.size)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "cuda_ipc: region [", d.ipc_offset, ", +", d.length, ") is outside its allocation of ",
           m.size, " bytes"));
@@ -246,8 +249,8 @@ absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
   // the destination's spans are made as the walk reaches them (a list of 16384 built first
   // kept the GPU waiting 60-90 us).
   auto dst_at = [&](size_t i) {
-    const engine::Extent& e = target.extents[i];
-    const engine::RegionDescriptor& d = target.regions[e.region];
+    const Extent& e = target.extents[i];
+    const RegionDescriptor& d = target.regions[e.region];
     return Span{maps[e.region].base.get() + d.ipc_offset + e.offset, e.length, d.device};
   };
   ASSIGN_OR_RETURN(engine::CudaCopyBatch batch,
@@ -273,8 +276,8 @@ absl::StatusOr<PullStats> Node::ServeStaged(const metadata::ObjectRecord& object
   if (!staging.is_object() || !staging.contains("region")) {
     return absl::InvalidArgumentError("\"staging\" wants region, slots, slot_bytes and tag");
   }
-  ASSIGN_OR_RETURN(engine::RegionDescriptor ring_desc,
-                   engine::RegionDescriptorFromJson(staging["region"]));
+  ASSIGN_OR_RETURN(RegionDescriptor ring_desc,
+                   RegionDescriptorFromJson(staging["region"]));
   ASSIGN_OR_RETURN(uint64_t slots, UnsignedField(staging, "slots"));
   ASSIGN_OR_RETURN(uint64_t slot_bytes, UnsignedField(staging, "slot_bytes"));
   ASSIGN_OR_RETURN(uint64_t tag, UnsignedField(staging, "tag"));
@@ -343,7 +346,7 @@ absl::StatusOr<PullStats> Node::ServeStaged(const metadata::ObjectRecord& object
         status = Conflict("the object's regions went during the pull");
         break;
       }
-      status = RunPieces(PairSpans({{ring->slot(mine), length, engine::Device::Host()}},
+      status = RunPieces(PairSpans({{ring->slot(mine), length, Device::Host()}},
                                    Slice(src, offset, length)));
       if (!status.ok()) break;
     }
@@ -394,7 +397,7 @@ void Node::OnControl(std::string_view sender, std::string_view payload) {
   freed = std::max(freed, static_cast<int64_t>(chunk));
 }
 
-absl::Status Node::ReceiveStaged(const std::vector<metadata::ObjectExtent>& local, uint64_t size,
+absl::Status Node::ReceiveStaged(const std::vector<Extent>& local, uint64_t size,
                                  StagingRing& ring, uint32_t tag, engine::PeerId source,
                                  absl::Time deadline, const std::atomic<bool>* stop) {
   std::vector<Span> dst;
@@ -419,7 +422,7 @@ absl::Status Node::ReceiveStaged(const std::vector<metadata::ObjectExtent>& loca
       absl::ReaderMutexLock lock(&mu_);
       if (!AllRegistered(local)) return Conflict("a destination region went during the pull");
       RETURN_IF_ERROR(RunPieces(PairSpans(Slice(dst, offset, length),
-                                          {{ring.slot(slot), length, engine::Device::Host()}})));
+                                          {{ring.slot(slot), length, Device::Host()}})));
     }
     RETURN_IF_ERROR(engine_->SendControl(source, absl::StrCat(kCreditPrefix, tag, " ", k),
                                          deadline));
@@ -470,12 +473,12 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
     size = described["size"].get<uint64_t>();
     return absl::OkStatus();
   };
-  std::vector<metadata::ObjectExtent> local;
+  std::vector<Extent> local;
   std::optional<uint64_t> new_region;
   const std::string target = as.empty() ? name : as;
   if (into.contains("device")) {
     if (!into["device"].is_string()) return absl::InvalidArgumentError("\"device\" must be a string");
-    ASSIGN_OR_RETURN(engine::Device device, engine::Device::Parse(into["device"].get<std::string>()));
+    ASSIGN_OR_RETURN(Device device, Device::Parse(into["device"].get<std::string>()));
     RETURN_IF_ERROR(metadata::ValidateObjectName(target));
     if (!replace && catalog_->Get(target).ok()) {
       return absl::AlreadyExistsError(absl::StrCat("object '", target, "' exists here"));
@@ -500,7 +503,7 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
   bool optimistic = false;
   if (!new_region && !path) {
     absl::ReaderMutexLock lock(&mu_);
-    optimistic = std::all_of(local.begin(), local.end(), [this](const metadata::ObjectExtent& e) {
+    optimistic = std::all_of(local.begin(), local.end(), [this](const Extent& e) {
       auto it = regions_.find(e.region);
       return it != regions_.end() && it->second.engine_id != 0 && !IsCuda(it->second.info.device);
     });
@@ -515,11 +518,11 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
                             {"timeout_ms", absl::ToInt64Milliseconds(options_.pull_timeout)}};
   if (version) request["version"] = *version;
   nlohmann::json rails = nlohmann::json::array();
-  for (const engine::RailInfo& r : engine_->rails()) rails.push_back(engine::HexEncode(r.address));
+  for (const engine::RailInfo& r : engine_->rails()) rails.push_back(HexEncode(r.address));
   request["rails"] = rails;
-  request["bell"] = engine::HexEncode(engine_->bell_address());
+  request["bell"] = HexEncode(engine_->bell_address());
   PathFacts facts;
-  facts.same_host = source.value("host", std::string()) == engine::HostId();
+  facts.same_host = source.value("host", std::string()) == HostId();
   facts.cuda_here = engine::CudaDeviceCount() > 0;
   facts.src_on_rails = described.value("on_rails", true);
   facts.src_all_gpu = described.contains("devices") && described["devices"].is_array() &&
@@ -530,7 +533,7 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
         facts.src_all_gpu = false;
         continue;
       }
-      auto device = engine::Device::Parse(d.get<std::string>());
+      auto device = Device::Parse(d.get<std::string>());
       if (!device.ok() || !IsCuda(*device)) facts.src_all_gpu = false;
     }
   }
@@ -540,12 +543,12 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
     absl::ReaderMutexLock lock(&mu_);
     std::map<uint64_t, size_t> index;
     nlohmann::json regions = nlohmann::json::array();
-    std::vector<metadata::ObjectExtent> extents;
+    std::vector<Extent> extents;
     extents.reserve(local.size());
-    for (const metadata::ObjectExtent& e : local) {
+    for (const Extent& e : local) {
       auto it = regions_.find(e.region);
       if (it == regions_.end()) return fail(absl::NotFoundError(absl::StrCat("no region ", e.region)));
-      if (e.length == 0 || !engine::InBounds(e.offset, e.length, it->second.info.size)) {
+      if (e.length == 0 || !InBounds(e.offset, e.length, it->second.info.size)) {
         return fail(absl::InvalidArgumentError(
             absl::StrCat("extent [", e.offset, ", +", e.length, ") is empty or outside region ",
                          e.region, " of ", it->second.info.size, " bytes")));
@@ -555,12 +558,12 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
         const Region& r = it->second;
         if (r.engine_id == 0) facts.dst_on_rails = false;
         if (!IsCuda(r.info.device) || r.ipc.handle.empty()) facts.dst_all_ipc = false;
-        engine::RegionDescriptor d = DescriptorOf(r);
+        RegionDescriptor d = DescriptorOf(r);
         if (!facts.same_host) {  // IPC handles go only to a source on this host
           d.ipc_handle.clear();
           d.ipc_gpu.clear();
         }
-        regions.push_back(engine::ToJson(d));
+        regions.push_back(ToJson(d));
       }
       extents.push_back({slot->second, e.offset, e.length});
     }
@@ -584,13 +587,13 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
     engine::PeerAddress source_address{source.value("id", std::string()), {}, {}};
     if (source.contains("rails") && source["rails"].is_array()) {
       for (const auto& r : source["rails"]) {
-        auto raw = engine::HexDecode(r.value("address", std::string()));
+        auto raw = HexDecode(r.value("address", std::string()));
         if (!raw.ok()) return fail(absl::UnavailableError("source sent a bad rail address"));
         source_address.rails.push_back(std::move(*raw));
       }
     }
     if (source.contains("bell") && source["bell"].is_string()) {
-      auto bell = engine::HexDecode(source["bell"].get<std::string>());
+      auto bell = HexDecode(source["bell"].get<std::string>());
       if (!bell.ok()) return fail(absl::UnavailableError("source sent a bad bell address"));
       source_address.bell = std::move(*bell);
     }
@@ -601,7 +604,7 @@ absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string&
                        source_peer.status().message())));
     }
     const uint32_t tag = (next_tag_.fetch_add(1) & 0xffffff) << 8;
-    request["staging"] = {{"region", engine::ToJson(*engine_->Describe(ring->region()))},
+    request["staging"] = {{"region", ToJson(*engine_->Describe(ring->region()))},
                           {"slots", ring->slots()},
                           {"slot_bytes", ring->slot_bytes()},
                           {"tag", tag}};

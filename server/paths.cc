@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/status.h"
+#include "base/status.h"
 
 namespace ferry::server {
 
@@ -61,25 +61,25 @@ std::vector<Piece> PairSpans(const std::vector<Span>& dst, const std::vector<Spa
   std::vector<Piece> out;
   out.reserve(std::max(dst.size(), src.size()));
   WalkPairs(dst, src, [&out](const Span& d, char* dp, const Span& s, char* sp, uint64_t n) {
-    const engine::Device device = s.device.kind == engine::Device::Kind::kCuda ? s.device : d.device;
+    const Device device = s.device.kind == Device::Kind::kCuda ? s.device : d.device;
     out.push_back({device, {reinterpret_cast<uint64_t>(dp), reinterpret_cast<uint64_t>(sp), n}});
   });
   return out;
 }
 
-absl::Status CopyBytes(void* dst, const void* src, uint64_t n, engine::Device device) {
-  if (device.kind == engine::Device::Kind::kCuda) return engine::CudaCopy(dst, src, n);
+absl::Status CopyBytes(void* dst, const void* src, uint64_t n, Device device) {
+  if (device.kind == Device::Kind::kCuda) return engine::CudaCopy(dst, src, n);
   std::memcpy(dst, src, n);
   return absl::OkStatus();
 }
 
 absl::Status RunPieces(const std::vector<Piece>& pieces) {
   std::map<int, std::vector<engine::CopyPiece>> by_gpu;
-  if (!pieces.empty() && pieces.front().device.kind == engine::Device::Kind::kCuda) {
+  if (!pieces.empty() && pieces.front().device.kind == Device::Kind::kCuda) {
     by_gpu[pieces.front().device.index].reserve(pieces.size());
   }
   for (const Piece& p : pieces) {
-    if (p.device.kind == engine::Device::Kind::kCuda) {
+    if (p.device.kind == Device::Kind::kCuda) {
       by_gpu[p.device.index].push_back(p.copy);
     } else {
       std::memcpy(reinterpret_cast<void*>(p.copy.dst), reinterpret_cast<const void*>(p.copy.src),
@@ -109,7 +109,7 @@ absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::Create(engine::Engine&
     if (ring->mem_ == nullptr) return absl::ResourceExhaustedError("out of memory for staging");
   }
   ASSIGN_OR_RETURN(ring->region_,
-                   engine.RegisterMemory(ring->mem_, bytes, engine::Device::Host()));
+                   engine.RegisterMemory(ring->mem_, bytes, Device::Host()));
   return ring;
 }
 

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/ids.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -50,14 +51,14 @@ PullPath ChoosePath(const PathFacts& facts);
 struct Span {
   char* ptr = nullptr;
   uint64_t length = 0;
-  engine::Device device;
+  Device device;
 };
 // The spans that hold object bytes [offset, offset + length), cut to fit.
 std::vector<Span> Slice(const std::vector<Span>& spans, uint64_t offset, uint64_t length);
 
 // A copy from one span into another; `device` is the GPU that runs it (kernel), or host.
 struct Piece {
-  engine::Device device;
+  Device device;
   engine::CopyPiece copy;
 };
 // Walks two span lists of the same total length in step: f(dst, dst_ptr, src, src_ptr, n) for
@@ -85,7 +86,7 @@ void WalkPairs(const std::vector<Span>& dst, const std::vector<Span>& src, F&& f
 // or the destination's when the source is host memory).
 std::vector<Piece> PairSpans(const std::vector<Span>& dst, const std::vector<Span>& src);
 // memcpy, or cudaMemcpy when either side is on a GPU (`device`).
-absl::Status CopyBytes(void* dst, const void* src, uint64_t n, engine::Device device);
+absl::Status CopyBytes(void* dst, const void* src, uint64_t n, Device device);
 // Host pieces with memcpy, GPU pieces with one kernel per GPU.
 absl::Status RunPieces(const std::vector<Piece>& pieces);
 

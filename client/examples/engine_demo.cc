@@ -15,7 +15,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
 #include "engine/engine.h"
-#include "engine/status.h"
+#include "base/status.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -25,7 +25,7 @@
 
 namespace {
 
-using ferry::engine::Extent;
+using ferry::Extent;
 constexpr uint64_t kSeed = 0xde770;
 
 struct Flags {
@@ -62,9 +62,9 @@ int RunSource(const Flags& f) {
   const uint64_t src_size = req["src_size"].get<uint64_t>();
   auto* buf = static_cast<uint8_t*>(std::aligned_alloc(4096, (src_size + 4095) / 4096 * 4096));
   ferry::testing::FillPattern(kSeed, 0, buf, src_size);
-  auto region = engine->RegisterMemory(buf, src_size, ferry::engine::Device::Host());
+  auto region = engine->RegisterMemory(buf, src_size, ferry::Device::Host());
   auto address = ferry::testing::AddressFromJson(req["address"]);
-  auto dst = ferry::engine::RegionDescriptorFromJson(req["region"]);
+  auto dst = ferry::RegionDescriptorFromJson(req["region"]);
   nlohmann::json reply;
   absl::StatusOr<ferry::engine::TransferStats> stats = absl::UnknownError("not run");
   if (region.ok() && address.ok() && dst.ok()) {
@@ -117,7 +117,7 @@ int RunDestination(const Flags& f, const std::string& self) {
   auto engine = MakeEngine(f);
   auto* buf = static_cast<uint8_t*>(std::aligned_alloc(4096, (dst_size + 4095) / 4096 * 4096));
   memset(buf, 0xa5, dst_size);
-  auto region = engine->RegisterMemory(buf, dst_size, ferry::engine::Device::Host());
+  auto region = engine->RegisterMemory(buf, dst_size, ferry::Device::Host());
   if (!region.ok()) {
     std::cerr << "register: " << region.status() << "\n";
     return 1;
@@ -141,7 +141,7 @@ int RunDestination(const Flags& f, const std::string& self) {
   // WRITEs are coming until the source answers: keep polling the rails meanwhile.
   ferry::engine::AwakeToken awake = engine->KeepAwake();
   auto reply = (*source)->Call({{"address", ferry::testing::AddressToJson(engine->address())},
-                                {"region", ferry::engine::ToJson(*engine->Describe(*region))},
+                                {"region", ferry::ToJson(*engine->Describe(*region))},
                                 {"src_size", src_size},
                                 {"src", ferry::testing::ExtentsToJson(src)},
                                 {"dst", ferry::testing::ExtentsToJson(dst)},

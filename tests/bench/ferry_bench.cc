@@ -15,13 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "base/hex.h"
 #include "CLI/CLI.hpp"
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "engine/engine.h"
 #include "engine/fabric.h"
-#include "engine/status.h"
+#include "base/status.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "tests/bench/node_bench.h"
@@ -69,9 +70,9 @@ std::vector<engine::PlannedWrite> Layout(const std::string& layout, uint64_t pie
   std::vector<engine::PlannedWrite> writes;
   const uint64_t count = total / piece;
   std::mt19937_64 rng(piece);
-  std::vector<engine::Extent> dst =
+  std::vector<Extent> dst =
       layout == "scattered" ? testing::ScatteredLayout(rng, count, piece, 2 * piece)
-                            : std::vector<engine::Extent>{};
+                            : std::vector<Extent>{};
   for (uint64_t i = 0; i < count; ++i) {
     writes.push_back({0, i * piece, 0, layout == "scattered" ? dst[i].offset : i * piece, piece});
   }
@@ -107,7 +108,7 @@ class RawSession {
     engine::SetProviderDefaults();
     ASSIGN_OR_RETURN(s->ep_, RawEndpoint::Open(f.provider, f.domain));
     RETURN_IF_ERROR(s->ep_->Register(src, f.total));
-    ASSIGN_OR_RETURN(std::string addr, engine::HexDecode(hello["address"].get<std::string>()));
+    ASSIGN_OR_RETURN(std::string addr, HexDecode(hello["address"].get<std::string>()));
     ASSIGN_OR_RETURN(s->fi_addr_, s->ep_->Insert(addr));
     s->base_ = hello["base"].get<uint64_t>();
     s->key_ = hello["key"].get<uint64_t>();
@@ -161,12 +162,12 @@ class EngineSession {
     if (f.max_iov != 0) o.max_iov = f.max_iov;
     o.wait_fds = f.wait_fds;
     ASSIGN_OR_RETURN(s->engine_, engine::Engine::Create(o));
-    ASSIGN_OR_RETURN(s->region_, s->engine_->RegisterMemory(src, f.total, engine::Device::Host()));
+    ASSIGN_OR_RETURN(s->region_, s->engine_->RegisterMemory(src, f.total, Device::Host()));
     ASSIGN_OR_RETURN(engine::PeerAddress address, testing::AddressFromJson(hello["address"]));
     ASSIGN_OR_RETURN(engine::PeerId peer,
                      s->engine_->AddPeer(address, absl::Now() + absl::Seconds(30)));
-    ASSIGN_OR_RETURN(engine::RegionDescriptor dst,
-                     engine::RegionDescriptorFromJson(hello["region"]));
+    ASSIGN_OR_RETURN(RegionDescriptor dst,
+                     RegionDescriptorFromJson(hello["region"]));
     for (const auto& writes : transfers) {
       engine::TransferRequest& req = s->reqs_.emplace_back();
       req.peer = peer;

@@ -1,6 +1,7 @@
 // ferry-bench rails: two ferryd in network namespaces joined by N tbf-shaped veth rails; a
 // scattered object pulled from A into B, timed from the pull request to its answer, next to
 // iperf3 over the same rails in the same run.
+#include "wire/extents.h"
 #include "tests/bench/rails_bench.h"
 
 #include <httplib.h>
@@ -33,12 +34,12 @@ using testing::CpuSeconds;
 using testing::TestBed;
 
 // `size` bytes of `region` as pieces of `piece` bytes in a shuffled order.
-std::vector<metadata::ObjectExtent> Scattered(uint64_t region, uint64_t size, uint64_t piece,
+std::vector<Extent> Scattered(uint64_t region, uint64_t size, uint64_t piece,
                                               uint32_t seed) {
   std::vector<uint64_t> order(size / piece);
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), std::mt19937(seed));
-  std::vector<metadata::ObjectExtent> extents;
+  std::vector<Extent> extents;
   for (uint64_t i : order) extents.push_back({region, i * piece, piece});
   return extents;
 }
@@ -133,12 +134,12 @@ absl::Status RunConfig(const RailsFlags& f, const Config& c, const std::filesyst
 
   // Big layouts go as raw extents after the JSON, as a client with KV-cache pages sends them.
   // The body is built before the clock starts: timed is the request, not composing it.
-  auto pull_body = [&](const std::string& name, const std::vector<metadata::ObjectExtent>& into) {
+  auto pull_body = [&](const std::string& name, const std::vector<Extent>& into) {
     const json head = {{"from", a_peer_url}, {"object", name}, {"into", json::object()}};
-    return head.dump() + "\n" + server::RawExtents(into);
+    return head.dump() + "\n" + RawExtents(into);
   };
   auto pull = [&](const std::string& body) -> absl::StatusOr<json> {
-    auto r = cb.Post("/v1/pulls", body, server::kExtentsContentType);
+    auto r = cb.Post("/v1/pulls", body, kExtentsContentType);
     if (!r || r->status != 200) {
       return absl::UnavailableError("pull: " + (r ? r->body : std::string("no answer")));
     }

@@ -1,3 +1,4 @@
+#include "base/hex.h"
 #include "tests/bench/raw_fabric.h"
 
 #include <poll.h>
@@ -8,7 +9,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
-#include "engine/status.h"
+#include "base/status.h"
 #include "engine/types.h"
 #include "nlohmann/json.hpp"
 
@@ -168,7 +169,7 @@ int RunRawPeer(const std::string& provider, const std::string& domain, uint64_t 
     std::cout << nlohmann::json{{"error", s.ToString()}}.dump() << std::endl;
     return 1;
   }
-  std::cout << nlohmann::json{{"address", engine::HexEncode((*ep)->address())},
+  std::cout << nlohmann::json{{"address", HexEncode((*ep)->address())},
                               {"key", (*ep)->key()},
                               {"base", (*ep)->base()}}
                    .dump()

@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/fabric.h"
 #include "engine/rail.h"
-#include "engine/status.h"
+#include "base/status.h"
 #include "tests/testing/engine_peer.h"
 #include "tests/testing/pattern.h"
 #include "tests/testing/status_matchers.h"

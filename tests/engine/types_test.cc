@@ -1,3 +1,5 @@
+#include "base/hex.h"
+#include "base/ids.h"
 #include "engine/types.h"
 
 #include <cstdlib>

@@ -35,7 +35,7 @@ class CatalogTest : public ::testing::Test {
 };
 
 TEST_F(CatalogTest, PublishedObjectsComeBackAfterReopenWithNamesVersionsAndLayouts) {
-  std::vector<ObjectExtent> layout = {{1, 0, 100}, {2, 4096, 28}};
+  std::vector<Extent> layout = {{1, 0, 100}, {2, 4096, 28}};
   ASSERT_OK_AND_ASSIGN(ObjectRecord r, catalog_->Publish("models/llama/w0", layout, false));
   EXPECT_EQ(r.version, 1u);
   EXPECT_EQ(r.size, 128u);
@@ -46,7 +46,7 @@ TEST_F(CatalogTest, PublishedObjectsComeBackAfterReopenWithNamesVersionsAndLayou
   EXPECT_EQ(catalog_->node_id(), id);
   ASSERT_OK_AND_ASSIGN(ObjectRecord latest, catalog_->Get("models/llama/w0"));
   EXPECT_EQ(latest.version, 2u);
-  EXPECT_EQ(latest.extents, (std::vector<ObjectExtent>{{3, 0, 5}}));
+  EXPECT_EQ(latest.extents, (std::vector<Extent>{{3, 0, 5}}));
   ASSERT_OK_AND_ASSIGN(ObjectRecord v1, catalog_->Get("models/llama/w0", 1));
   EXPECT_EQ(v1.extents, layout);
   EXPECT_EQ(catalog_->RegionUsers(1), 1u);

@@ -15,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include "wire/extents.h"
 #include "engine/cuda.h"
 #include "engine/engine.h"
 #include "nlohmann/json.hpp"
@@ -446,21 +447,21 @@ TEST_F(FerrydTest, NonContiguousObjectIsPulledOverRdmaAndReadBackExactly) {
   // The same extents as raw triplets after the JSON (what clients send for big layouts), over
   // a fresh region; then bodies of that type that are not well formed.
   auto reg2 = json::parse(cb.Post("/v1/regions", json{{"size", 2 * expect.size()}}.dump(), "application/json")->body);
-  std::vector<metadata::ObjectExtent> raw;
+  std::vector<Extent> raw;
   json mine2 = json::array();
   for (const auto& e : mine) {
     raw.push_back({reg2["id"].get<uint64_t>(), e["offset"].get<uint64_t>(), e["length"].get<uint64_t>()});
     mine2.push_back({{"region", reg2["id"]}, {"offset", e["offset"]}, {"length", e["length"]}});
   }
   const std::string head = json{{"from", a_->url()}, {"object", "kv/pages"}, {"into", json::object()}}.dump();
-  auto by_raw = cb.Post("/v1/pulls", head + "\n" + server::RawExtents(raw), server::kExtentsContentType);
+  auto by_raw = cb.Post("/v1/pulls", head + "\n" + RawExtents(raw), kExtentsContentType);
   ASSERT_EQ(by_raw->status, 200) << by_raw->body;
   ASSERT_EQ(cb.Put("/v1/objects/check2", json{{"extents", mine2}}.dump(), "application/json")->status, 201);
   EXPECT_TRUE(cb.Get("/v1/objects/check2/data")->body == expect);
-  EXPECT_HTTP_ERROR(cb.Post("/v1/pulls", head + "\n" + server::RawExtents(raw).substr(1),
-                            server::kExtentsContentType),
+  EXPECT_HTTP_ERROR(cb.Post("/v1/pulls", head + "\n" + RawExtents(raw).substr(1),
+                            kExtentsContentType),
                     400, "INVALID_ARGUMENT");
-  EXPECT_HTTP_ERROR(cb.Post("/v1/pulls", head, server::kExtentsContentType), 400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(cb.Post("/v1/pulls", head, kExtentsContentType), 400, "INVALID_ARGUMENT");
 }
 
 // Buffers ferryd allocates for an object (an upload, a pull into a new buffer) go with the last

@@ -61,7 +61,7 @@ TEST(PiecesTest, SliceAndPairCopyEveryByteOnceFromTheRightPlace) {
         const uint64_t n = std::min<uint64_t>(left, 1 + rng() % 4000);
         at += rng() % 2 * (rng() % 64);  // gaps
         at = std::min(at, 2 * total - left);
-        spans.push_back({buf.data() + at, n, engine::Device::Host()});
+        spans.push_back({buf.data() + at, n, Device::Host()});
         at += n;
         left -= n;
       }
@@ -93,7 +93,7 @@ TEST(PiecesTest, SliceAndPairCopyEveryByteOnceFromTheRightPlace) {
 TEST(PiecesTest, GpuPiecesNeedCudaAndSayWhy) {
   if (engine::CudaDeviceCount() > 0) GTEST_SKIP() << "a GPU is here: tests/gpu/run.sh covers it";
   char a[8] = {}, b[8] = {};
-  const auto status = RunPieces({{engine::Device::Cuda(0),
+  const auto status = RunPieces({{Device::Cuda(0),
                                   {reinterpret_cast<uint64_t>(a), reinterpret_cast<uint64_t>(b), 8}}});
   EXPECT_THAT(status, StatusIs(engine::CudaBuilt() ? absl::StatusCode::kNotFound
                                                    : absl::StatusCode::kUnimplemented));

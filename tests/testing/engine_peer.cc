@@ -1,3 +1,5 @@
+#include "wire/extents.h"
+#include "base/hex.h"
 #include "tests/testing/engine_peer.h"
 
 #include <cstdlib>
@@ -8,34 +10,34 @@
 
 #include "absl/synchronization/mutex.h"
 #include "engine/fabric.h"
-#include "engine/status.h"
+#include "base/status.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "tests/testing/pattern.h"
 
 namespace ferry::testing {
 
-nlohmann::json ExtentsToJson(const std::vector<engine::Extent>& extents) {
+nlohmann::json ExtentsToJson(const std::vector<Extent>& extents) {
   nlohmann::json out = nlohmann::json::array();
-  for (const engine::Extent& e : extents) out.push_back({e.offset, e.length});
+  for (const Extent& e : extents) out.push_back({e.offset, e.length});
   return out;
 }
 
 nlohmann::json AddressToJson(const engine::PeerAddress& address) {
   nlohmann::json rails = nlohmann::json::array();
-  for (const std::string& r : address.rails) rails.push_back(engine::HexEncode(r));
-  return {{"node", address.node}, {"rails", rails}, {"bell", engine::HexEncode(address.bell)}};
+  for (const std::string& r : address.rails) rails.push_back(HexEncode(r));
+  return {{"node", address.node}, {"rails", rails}, {"bell", HexEncode(address.bell)}};
 }
 
 absl::StatusOr<engine::PeerAddress> AddressFromJson(const nlohmann::json& j) {
   engine::PeerAddress a;
   a.node = j.at("node").get<std::string>();
   for (const auto& r : j.at("rails")) {
-    auto raw = engine::HexDecode(r.get<std::string>());
+    auto raw = HexDecode(r.get<std::string>());
     if (!raw.ok()) return raw.status();
     a.rails.push_back(*raw);
   }
-  auto bell = engine::HexDecode(j.value("bell", std::string()));
+  auto bell = HexDecode(j.value("bell", std::string()));
   if (!bell.ok()) return bell.status();
   a.bell = *bell;
   return a;
@@ -43,8 +45,8 @@ absl::StatusOr<engine::PeerAddress> AddressFromJson(const nlohmann::json& j) {
 
 namespace {
 
-std::vector<engine::Extent> ExtentsFromJson(const nlohmann::json& j) {
-  std::vector<engine::Extent> out;
+std::vector<Extent> ExtentsFromJson(const nlohmann::json& j) {
+  std::vector<Extent> out;
   for (const auto& e : j) out.push_back({0, e[0].get<uint64_t>(), e[1].get<uint64_t>()});
   return out;
 }
@@ -86,13 +88,13 @@ int RunEnginePeer(int argc, char** argv) {
   }
   auto* buf = static_cast<uint8_t*>(engine::AllocateHostMemory(size));
   memset(buf, canary, size);
-  auto region = (*engine)->RegisterMemory(buf, size, engine::Device::Host());
+  auto region = (*engine)->RegisterMemory(buf, size, Device::Host());
   if (!region.ok()) {
     std::cout << nlohmann::json{{"error", region.status().ToString()}}.dump() << std::endl;
     return 1;
   }
   std::cout << nlohmann::json{{"address", AddressToJson((*engine)->address())},
-                              {"region", engine::ToJson(*(*engine)->Describe(*region))}}
+                              {"region", ToJson(*(*engine)->Describe(*region))}}
                    .dump()
             << std::endl;
 

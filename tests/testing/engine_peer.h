@@ -28,7 +28,7 @@ namespace ferry::testing {
 int RunEnginePeer(int argc, char** argv);
 
 // Helpers for the side that talks to a peer.
-nlohmann::json ExtentsToJson(const std::vector<engine::Extent>& extents);
+nlohmann::json ExtentsToJson(const std::vector<Extent>& extents);
 nlohmann::json AddressToJson(const engine::PeerAddress& address);
 absl::StatusOr<engine::PeerAddress> AddressFromJson(const nlohmann::json& j);
 

@@ -12,7 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
-#include "engine/status.h"
+#include "base/status.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
 

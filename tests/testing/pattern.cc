@@ -62,23 +62,23 @@ std::vector<uint64_t> RandomPieces(std::mt19937_64& rng, uint64_t total, uint64_
   return pieces;
 }
 
-std::vector<engine::Extent> RandomSourceLayout(std::mt19937_64& rng,
+std::vector<Extent> RandomSourceLayout(std::mt19937_64& rng,
                                                const std::vector<uint64_t>& pieces,
                                                uint64_t region_size) {
-  std::vector<engine::Extent> out;
+  std::vector<Extent> out;
   for (uint64_t n : pieces) {
     out.push_back({0, std::uniform_int_distribution<uint64_t>(0, region_size - n)(rng), n});
   }
   return out;
 }
 
-std::vector<engine::Extent> RandomDestinationLayout(std::mt19937_64& rng,
+std::vector<Extent> RandomDestinationLayout(std::mt19937_64& rng,
                                                     const std::vector<uint64_t>& pieces,
                                                     uint64_t max_gap, uint64_t* region_size) {
   std::vector<size_t> order(pieces.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::shuffle(order.begin(), order.end(), rng);
-  std::vector<engine::Extent> out(pieces.size());
+  std::vector<Extent> out(pieces.size());
   uint64_t pos = 0;
   for (size_t i : order) {
     pos += std::uniform_int_distribution<uint64_t>(0, max_gap)(rng);
@@ -89,19 +89,19 @@ std::vector<engine::Extent> RandomDestinationLayout(std::mt19937_64& rng,
   return out;
 }
 
-std::vector<engine::Extent> ScatteredLayout(std::mt19937_64& rng, uint64_t count, uint64_t piece,
+std::vector<Extent> ScatteredLayout(std::mt19937_64& rng, uint64_t count, uint64_t piece,
                                             uint64_t stride) {
   std::vector<uint64_t> slots(count);
   for (uint64_t i = 0; i < count; ++i) slots[i] = i;
   std::shuffle(slots.begin(), slots.end(), rng);
-  std::vector<engine::Extent> out;
+  std::vector<Extent> out;
   out.reserve(count);
   for (uint64_t s : slots) out.push_back({0, s * stride, piece});
   return out;
 }
 
-std::string VerifyTransfer(uint64_t seed, const std::vector<engine::Extent>& src,
-                           const std::vector<engine::Extent>& dst, const uint8_t* dst_buf,
+std::string VerifyTransfer(uint64_t seed, const std::vector<Extent>& src,
+                           const std::vector<Extent>& dst, const uint8_t* dst_buf,
                            uint64_t dst_size, uint8_t canary) {
   // Walk both lists together: each run maps a destination range onto a source range.
   size_t si = 0, di = 0;
@@ -121,9 +121,9 @@ std::string VerifyTransfer(uint64_t seed, const std::vector<engine::Extent>& src
     d_used += n;
     k += n;
   }
-  std::vector<engine::Extent> sorted = dst;
+  std::vector<Extent> sorted = dst;
   std::sort(sorted.begin(), sorted.end(),
-            [](const engine::Extent& a, const engine::Extent& b) { return a.offset < b.offset; });
+            [](const Extent& a, const Extent& b) { return a.offset < b.offset; });
   uint64_t pos = 0;
   auto check_gap = [&](uint64_t end) -> std::string {
     for (uint64_t i = pos; i < end; ++i) {
@@ -131,7 +131,7 @@ std::string VerifyTransfer(uint64_t seed, const std::vector<engine::Extent>& src
     }
     return "";
   };
-  for (const engine::Extent& e : sorted) {
+  for (const Extent& e : sorted) {
     if (std::string err = check_gap(e.offset); !err.empty()) return err;
     pos = std::max(pos, e.offset + e.length);
   }

@@ -12,15 +12,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "ferry/types.h"
 
 namespace ferry {
-
-// One extent of a layout: `length` bytes at `offset` of a registered region.
-struct Extent {
-  uint64_t region = 0;
-  uint64_t offset = 0;
-  uint64_t length = 0;
-};
 
 struct ObjectInfo {
   std::string name;

@@ -1,7 +1,7 @@
 // Status helpers shared by every ferry module. Debian's abseil (20220623) ships no
 // RETURN_IF_ERROR / ASSIGN_OR_RETURN, so these are ours.
-#ifndef FERRY_ENGINE_STATUS_H_
-#define FERRY_ENGINE_STATUS_H_
+#ifndef FERRY_BASE_STATUS_H_
+#define FERRY_BASE_STATUS_H_
 
 #include <utility>
 
@@ -40,4 +40,4 @@ absl::Status AsStatus(const absl::StatusOr<T>& s) {
 #define ASSIGN_OR_RETURN(lhs, expr) \
   FERRY_ASSIGN_OR_RETURN_IMPL_(FERRY_CONCAT_(ferry_statusor_, __LINE__), lhs, expr)
 
-#endif  // FERRY_ENGINE_STATUS_H_
+#endif  // FERRY_BASE_STATUS_H_

@@ -1,9 +1,11 @@
 // The one mapping between absl::Status and HTTP (STYLE.md's table), used by the routes, by
 // the node when it calls other nodes, and by the client library.
-#ifndef FERRY_SERVER_HTTP_STATUS_H_
-#define FERRY_SERVER_HTTP_STATUS_H_
+#ifndef FERRY_WIRE_HTTP_STATUS_H_
+#define FERRY_WIRE_HTTP_STATUS_H_
 
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -14,7 +16,14 @@ struct Response;
 class Result;
 }  // namespace httplib
 
-namespace ferry::server {
+namespace ferry {
+
+// Statuses that the HTTP layer answers with a status code other than its default for the
+// code: 409 for a precondition that is a conflict (region in use, object detached), 413 for
+// a request over a limit.
+absl::Status Conflict(absl::string_view message);
+absl::Status TooLarge(absl::string_view message);
+std::optional<int> HttpStatusOverride(const absl::Status& s);
 
 // 400 INVALID_ARGUMENT / FAILED_PRECONDITION / OUT_OF_RANGE, 401 UNAUTHENTICATED,
 // 403 PERMISSION_DENIED, 404 NOT_FOUND, 409 ALREADY_EXISTS / ABORTED, 413 (an explicit
@@ -39,6 +48,6 @@ absl::StatusOr<nlohmann::json> ParseJson(std::string_view text, size_t max_depth
 // An object name as one URL path segment: "/" is written %2F.
 std::string EncodeName(const std::string& name);
 
-}  // namespace ferry::server
+}  // namespace ferry
 
-#endif  // FERRY_SERVER_HTTP_STATUS_H_
+#endif  // FERRY_WIRE_HTTP_STATUS_H_

@@ -1,11 +1,36 @@
-#include "server/http_status.h"
+#include "wire/http_status.h"
 
 #include <httplib.h>
 
-#include "absl/strings/str_cat.h"
-#include "server/node.h"
+#include <cstdlib>
 
-namespace ferry::server {
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+
+namespace {
+constexpr char kHttpStatusPayload[] = "ferry/http-status";
+
+absl::Status WithHttpStatus(absl::Status s, int http) {
+  s.SetPayload(kHttpStatusPayload, absl::Cord(std::to_string(http)));
+  return s;
+}
+}  // namespace
+
+absl::Status Conflict(absl::string_view message) {
+  return WithHttpStatus(absl::FailedPreconditionError(std::string(message)), 409);
+}
+
+absl::Status TooLarge(absl::string_view message) {
+  return WithHttpStatus(absl::ResourceExhaustedError(std::string(message)), 413);
+}
+
+std::optional<int> HttpStatusOverride(const absl::Status& s) {
+  auto p = s.GetPayload(kHttpStatusPayload);
+  if (!p) return std::nullopt;
+  return std::atoi(std::string(*p).c_str());
+}
 
 int HttpStatusFor(const absl::Status& s) {
   if (auto forced = HttpStatusOverride(s)) return *forced;
@@ -114,4 +139,4 @@ std::string EncodeName(const std::string& name) {
   return out;
 }
 
-}  // namespace ferry::server
+}  // namespace ferry
