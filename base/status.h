@@ -7,11 +7,23 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
 
 namespace ferry {
 
 // Drops a Status on purpose; grep for IgnoreError to find every such place.
 inline void IgnoreError(const absl::Status& /*status*/) {}
+
+// `s` with `context` before its message ("context: message"), its code and payloads kept.
+inline absl::Status WithContext(const absl::Status& s, absl::string_view context) {
+  if (s.ok()) return s;
+  absl::Status out(s.code(), absl::StrCat(context, ": ", s.message()));
+  s.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) {
+    out.SetPayload(url, payload);
+  });
+  return out;
+}
 
 namespace internal {
 inline absl::Status AsStatus(absl::Status s) { return s; }

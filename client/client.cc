@@ -10,35 +10,14 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
-#include "server/http_api.h"
+#include "wire/api_json.h"
 #include "wire/http_status.h"
-#include "server/node.h"
 
 namespace ferry {
 namespace {
 
 
 
-
-ObjectInfo InfoFromJson(const nlohmann::json& j) {
-  ObjectInfo o{j.value("name", ""), j.value("version", uint64_t{0}), j.value("size", uint64_t{0}),
-               j.value("detached", false), {}};
-  if (j.contains("extents")) {
-    for (const auto& e : j["extents"]) {
-      o.extents.push_back({e.value("region", uint64_t{0}), e.value("offset", uint64_t{0}),
-                           e.value("length", uint64_t{0})});
-    }
-  }
-  return o;
-}
-
-nlohmann::json ExtentsJson(const std::vector<Extent>& layout) {
-  nlohmann::json extents = nlohmann::json::array();
-  for (const Extent& e : layout) {
-    extents.push_back({{"region", e.region}, {"offset", e.offset}, {"length", e.length}});
-  }
-  return extents;
-}
 
 absl::StatusOr<nlohmann::json> JsonBody(const httplib::Result& r, const std::string& what) {
   RETURN_IF_ERROR(StatusFromResult(r, what));
@@ -47,21 +26,13 @@ absl::StatusOr<nlohmann::json> JsonBody(const httplib::Result& r, const std::str
   return j;
 }
 
-PullResult PullFromJson(const nlohmann::json& j) {
-  PullResult p;
-  p.bytes = j.value("bytes", uint64_t{0});
-  p.seconds = j.value("seconds", 0.0);
-  p.path = j.value("path", std::string());
-  if (j.contains("bytes_per_rail")) p.bytes_per_rail = j["bytes_per_rail"].get<std::vector<uint64_t>>();
-  return p;
-}
-
 }  // namespace
 
 struct Client::Impl {
   std::string url;
   httplib::Client http;
   explicit Impl(const std::string& u, const std::string& token) : url(u), http(u) {
+    http.set_keep_alive(true);
     http.set_connection_timeout(5);
     http.set_read_timeout(3600);
     http.set_write_timeout(3600);
@@ -116,7 +87,7 @@ absl::StatusOr<ObjectInfo> Client::Put(const std::string& name, uint64_t size,
       "application/octet-stream");
   RETURN_IF_ERROR(read);
   ASSIGN_OR_RETURN(auto j, JsonBody(r, impl_->url));
-  return InfoFromJson(j);
+  return ObjectInfoFromJson(j);
 }
 
 absl::Status Client::Get(const std::string& name, std::ostream& out,
@@ -155,14 +126,20 @@ absl::StatusOr<ObjectInfo> Client::Stat(const std::string& name, std::optional<u
   std::string path = "/v1/objects/" + EncodeName(name);
   if (version) path += "?version=" + std::to_string(*version);
   ASSIGN_OR_RETURN(auto j, JsonBody(impl_->http.Get(path.c_str()), impl_->url));
-  return InfoFromJson(j);
+  return ObjectInfoFromJson(j);
 }
 
 absl::StatusOr<std::vector<ObjectInfo>> Client::List(const std::string& prefix, size_t limit) {
   httplib::Params params = {{"prefix", prefix}, {"limit", std::to_string(limit)}};
   ASSIGN_OR_RETURN(auto j, JsonBody(impl_->http.Get("/v1/objects", params, {}), impl_->url));
   std::vector<ObjectInfo> out;
-  for (const auto& o : j["objects"]) out.push_back(InfoFromJson(o));
+  if (!j.contains("objects") || !j["objects"].is_array()) {
+    return absl::UnknownError(impl_->url + ": a list without \"objects\"");
+  }
+  for (const auto& o : j["objects"]) {
+    ASSIGN_OR_RETURN(ObjectInfo info, ObjectInfoFromJson(o));
+    out.push_back(std::move(info));
+  }
   return out;
 }
 
@@ -171,93 +148,54 @@ absl::Status Client::Remove(const std::string& name) {
                           impl_->url);
 }
 
-absl::StatusOr<ObjectInfo> Client::Publish(const std::string& name,
-                                           const std::vector<Extent>& layout, bool replace) {
+absl::StatusOr<ObjectInfo> Client::Publish(const std::string& name, const Layout& layout,
+                                           bool replace, bool durable) {
   const std::string path = "/v1/objects/" + EncodeName(name) + (replace ? "?replace=true" : "");
-  ASSIGN_OR_RETURN(auto j, JsonBody(impl_->http.Put(path.c_str(),
-                                                    nlohmann::json{{"extents", ExtentsJson(layout)}}.dump(),
-                                                    "application/json"),
+  const nlohmann::json body = {{"extents", ToJson(layout)}, {"durable", durable}};
+  ASSIGN_OR_RETURN(auto j, JsonBody(impl_->http.Put(path.c_str(), body.dump(), "application/json"),
                                     impl_->url));
-  return InfoFromJson(j);
+  return ObjectInfoFromJson(j);
 }
 
-absl::StatusOr<PullResult> Client::Pull(const std::string& name, const std::string& from,
+absl::StatusOr<PullStats> Client::Pull(const PullSpec& spec) {
+  ASSIGN_OR_RETURN(auto j, JsonBody(impl_->http.Post("/v1/pulls", ToJson(spec).dump(),
+                                                     "application/json"),
+                                    impl_->url));
+  return PullStatsFromJson(j);
+}
+
+absl::StatusOr<PullStats> Client::Pull(const std::string& name, const std::string& from,
                                         const std::string& as, bool replace,
                                         const std::string& device, const std::string& path) {
-  nlohmann::json body = {{"from", from}, {"object", name}, {"into", {{"device", device}}},
-                         {"replace", replace}, {"path", path}};
-  if (!as.empty()) body["as"] = as;
-  ASSIGN_OR_RETURN(auto j, JsonBody(impl_->http.Post("/v1/pulls", body.dump(), "application/json"),
+  PullSpec spec;
+  spec.from = from;
+  spec.object = name;
+  spec.as = as;
+  spec.replace = replace;
+  ASSIGN_OR_RETURN(spec.new_buffer, Device::Parse(device));
+  spec.path = path;
+  return Pull(spec);
+}
+
+absl::StatusOr<std::vector<absl::StatusOr<PullStats>>> Client::PullBatch(
+    const std::vector<PullSpec>& specs) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const PullSpec& spec : specs) list.push_back(ToJson(spec));
+  ASSIGN_OR_RETURN(auto j, JsonBody(impl_->http.Post("/v1/pulls", nlohmann::json{{"pulls", list}}.dump(),
+                                                     "application/json"),
                                     impl_->url));
-  return PullFromJson(j);
-}
-
-struct EmbeddedNode::Impl {
-  std::unique_ptr<server::Node> node;
-  httplib::Server http;
-  std::thread serving;
-  std::string url;
-  ~Impl() {
-    http.stop();
-    if (serving.joinable()) serving.join();
+  if (!j.contains("results") || !j["results"].is_array() || j["results"].size() != specs.size()) {
+    return absl::UnknownError(impl_->url + ": a batch answer without one result per pull");
   }
-};
-
-EmbeddedNode::EmbeddedNode(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-EmbeddedNode::~EmbeddedNode() = default;
-
-absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(
-    const EmbeddedNodeOptions& options) {
-  server::NodeOptions no;
-  no.data_dir = options.data_dir;
-  no.engine.provider = options.provider;
-  no.engine.domains = options.domains;
-  no.engine.rails = options.rails;
-  no.peer_token = options.token;
-  auto impl = std::make_unique<Impl>();
-  ASSIGN_OR_RETURN(impl->node, server::Node::Open(no));
-  server::InstallRoutes(impl->http, *impl->node, {.token = options.token});
-  const size_t colon = options.listen.rfind(':');
-  if (colon == std::string::npos) return absl::InvalidArgumentError("listen must be HOST:PORT");
-  const std::string host = options.listen.substr(0, colon);
-  const int want = std::atoi(options.listen.substr(colon + 1).c_str());
-  const int port = want == 0 ? impl->http.bind_to_any_port(host.c_str())
-                             : (impl->http.bind_to_port(host.c_str(), want) ? want : -1);
-  if (port < 0) return absl::UnavailableError("cannot listen on " + options.listen);
-  impl->url = absl::StrCat("http://", host, ":", port);
-  impl->serving = std::thread([h = &impl->http] { h->listen_after_bind(); });
-  return std::unique_ptr<EmbeddedNode>(new EmbeddedNode(std::move(impl)));
-}
-
-std::string EmbeddedNode::url() const { return impl_->url; }
-const std::string& EmbeddedNode::id() const { return impl_->node->id(); }
-
-absl::StatusOr<uint64_t> EmbeddedNode::Register(void* addr, uint64_t size) {
-  if (addr == nullptr || size == 0) return absl::InvalidArgumentError("empty memory range");
-  ASSIGN_OR_RETURN(server::RegionInfo r,
-                   impl_->node->RegisterRegion(addr, size, Device::Host()));
-  return r.id;
-}
-
-absl::Status EmbeddedNode::Unregister(uint64_t region) { return impl_->node->DeleteRegion(region); }
-
-absl::StatusOr<ObjectInfo> EmbeddedNode::Publish(const std::string& name,
-                                                 const std::vector<Extent>& layout,
-                                                 bool replace) {
-  std::vector<Extent> extents;
-  for (const Extent& e : layout) extents.push_back({e.region, e.offset, e.length});
-  ASSIGN_OR_RETURN(server::ObjectView v, impl_->node->Publish(name, extents, replace));
-  return ObjectInfo{v.record.name, v.record.version, v.record.size, v.detached, layout};
-}
-
-absl::StatusOr<PullResult> EmbeddedNode::PullInto(const std::string& from, const std::string& name,
-                                                  const std::vector<Extent>& into) {
-  std::vector<Extent> extents;
-  for (const Extent& e : into) extents.push_back({e.region, e.offset, e.length});
-  ASSIGN_OR_RETURN(server::PullStats s,
-                   impl_->node->Pull(from, name, std::nullopt,
-                                     {{"extents_raw", RawExtents(extents)}}, "", false));
-  return PullResult{s.bytes, s.seconds, s.path, s.bytes_per_rail};
+  std::vector<absl::StatusOr<PullStats>> out;
+  for (const auto& r : j["results"]) {
+    if (r.contains("error")) {
+      out.push_back(StatusFromJson(r, impl_->url));
+    } else {
+      out.push_back(PullStatsFromJson(r));
+    }
+  }
+  return out;
 }
 
 }  // namespace ferry

@@ -25,7 +25,7 @@ absl::StatusOr<ControlMessage> DecodeControl(std::string_view frame) {
   }
   const auto type = static_cast<uint8_t>(frame[4]);
   if (type < static_cast<uint8_t>(ControlType::kHello) ||
-      type > static_cast<uint8_t>(ControlType::kBell)) {
+      type > static_cast<uint8_t>(ControlType::kFragment)) {
     return absl::InvalidArgumentError("control frame: unknown type");
   }
   const size_t sender_len =

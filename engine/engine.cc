@@ -1,6 +1,8 @@
 #include "base/ids.h"
 #include "engine/engine.h"
 
+#include "base/bytes.h"
+
 #include <sched.h>
 
 #include <algorithm>
@@ -27,9 +29,33 @@ struct RegionEntry {
   std::vector<uint64_t> keys;  // per engine rail
   std::vector<void*> descs;    // per engine rail
   size_t pins = 0;             // transfers whose WRITEs may still read it
+  std::vector<uint64_t> windows;  // open on it (OpenWindow)
+};
+
+// A message on its way out (PostControl): its frames, sent whole on one rail after another
+// until a rail carries every frame.
+struct ControlSend {
+  std::vector<std::string> frames;
+  std::vector<uint64_t> fi_addrs;  // the peer's, per engine rail
+  PeerId peer = 0;
+  size_t first_rail = 0;
+  size_t tries = 0;               // rails tried so far
+  size_t pending = 0;             // frames of this try not yet completed
+  absl::Status failed;            // of this try
+  std::string errors;             // of the tries before
+  std::function<void(const absl::Status&)> done;
+  absl::Mutex mu;
 };
 
 namespace {
+
+// Unfinished fragmented messages are dropped after this long, and kept to this many bytes
+// in all.
+constexpr absl::Duration kPartialMessageLife = absl::Seconds(30);
+constexpr size_t kPartialMessageBytes = size_t{256} << 20;
+// Message ids remembered per sender, to drop copies; senders remembered.
+constexpr size_t kSeenAboveKept = 4096;
+constexpr size_t kSendersKept = 4096;
 
 // Transfers without a deadline of their own get this one.
 constexpr absl::Duration kDefaultTransferDeadline = absl::Seconds(60);
@@ -128,6 +154,17 @@ absl::StatusOr<TransferStats> Transfer::Wait(absl::Time deadline) const {
 
 bool Transfer::Done() const { return state_->finished.load(std::memory_order_acquire); }
 
+absl::Status Transfer::WaitRetired(absl::Time deadline) const {
+  TransferState& s = *state_;
+  absl::MutexLock lock(&s.mu);
+  auto retired = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) { return s.retired; };
+  if (!s.mu.AwaitWithDeadline(absl::Condition(&retired), deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("transfer ", s.id, " still has WRITEs in flight at the deadline"));
+  }
+  return absl::OkStatus();
+}
+
 void Transfer::Cancel() {
   state_->Finish(absl::CancelledError(absl::StrCat("transfer ", state_->id, " cancelled")));
 }
@@ -181,7 +218,8 @@ AwakeToken Engine::KeepAwake() {
   return AwakeToken(&awake_);
 }
 
-Engine::Engine(const EngineOptions& options) : options_(options) {}
+Engine::Engine(const EngineOptions& options)
+    : options_(options), incarnation_(static_cast<uint32_t>(RandomU64())) {}
 
 Engine::~Engine() {
   closing_.store(true);
@@ -352,37 +390,101 @@ absl::StatusOr<RegionId> Engine::RegisterMemory(void* addr, size_t length, Devic
   entry->addr = static_cast<char*>(addr);
   entry->length = length;
   entry->device = device;
-  entry->keys.resize(rails_.size());
-  entry->descs.resize(rails_.size());
-  absl::Status status;
-  size_t registered = 0;
-  for (; registered < groups_.size() && status.ok(); ++registered) {
-    std::vector<RailMr*> mrs;
-    status = groups_[registered]->RunAndWait([&](ProgressGroup& g) {
-      return g.RegisterRegion(id, addr, length, device, &mrs);
-    });
-    if (!status.ok()) break;
-    for (size_t r = 0; r < rails_.size(); ++r) {
-      if (rail_refs_[r].group != registered) continue;
-      entry->keys[r] = mrs[rail_refs_[r].index_in_group]->key;
-      entry->descs[r] = mrs[rail_refs_[r].index_in_group]->desc;
-    }
-  }
-  if (!status.ok()) {
-    for (size_t g = 0; g <= registered && g < groups_.size(); ++g) {
-      IgnoreError(groups_[g]->RunAndWait([id](ProgressGroup& pg) {
-        pg.DeregisterRegion(id);
-        return absl::OkStatus();
-      }));
-    }
-    return status;
-  }
+  RETURN_IF_ERROR(RegisterOnRails(id, entry->addr, length, device, FI_WRITE, *entry));
   absl::MutexLock lock(&mu_);
   regions_.emplace(id, std::move(entry));
   return id;
 }
 
+absl::Status Engine::RegisterOnRails(uint64_t id, char* addr, uint64_t length, Device device,
+                                     uint64_t access, RegionEntry& entry) {
+  entry.keys.resize(rails_.size());
+  entry.descs.resize(rails_.size());
+  absl::Status status;
+  size_t registered = 0;
+  for (; registered < groups_.size() && status.ok(); ++registered) {
+    std::vector<RailMr*> mrs;
+    status = groups_[registered]->RunAndWait([&](ProgressGroup& g) {
+      return g.RegisterRegion(id, addr, length, device, access, &mrs);
+    });
+    if (!status.ok()) break;
+    for (size_t r = 0; r < rails_.size(); ++r) {
+      if (rail_refs_[r].group != registered) continue;
+      entry.keys[r] = mrs[rail_refs_[r].index_in_group]->key;
+      entry.descs[r] = mrs[rail_refs_[r].index_in_group]->desc;
+    }
+  }
+  if (!status.ok()) {
+    for (size_t g = 0; g <= registered && g < groups_.size(); ++g) DeregisterOnRails(g, id);
+  }
+  return status;
+}
+
+void Engine::DeregisterOnRails(size_t group, uint64_t id) {
+  IgnoreError(groups_[group]->RunAndWait([id](ProgressGroup& pg) {
+    pg.DeregisterRegion(id);
+    return absl::OkStatus();
+  }));
+}
+
+absl::StatusOr<Window> Engine::OpenWindow(RegionId id, uint64_t offset, uint64_t length) {
+  RegionDescriptor d;
+  char* addr = nullptr;
+  uint64_t window_id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = regions_.find(id);
+    if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", id));
+    if (length == 0 || !InBounds(offset, length, it->second->length)) {
+      return absl::InvalidArgumentError(absl::StrCat("window [", offset, ", +", length,
+                                                     ") is empty or outside region ", id));
+    }
+    addr = it->second->addr + offset;
+    d.device = it->second->device;
+    window_id = next_region_++;
+  }
+  RegionEntry window;
+  RETURN_IF_ERROR(RegisterOnRails(window_id, addr, length, d.device, FI_REMOTE_WRITE, window));
+  d.node = node_id_;
+  d.addr = reinterpret_cast<uintptr_t>(addr);
+  d.length = length;
+  d.offset_addressing = (rails_[0].mr_mode & FI_MR_VIRT_ADDR) == 0;
+  d.keys = window.keys;
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(id);
+  if (it == regions_.end()) {  // deregistered meanwhile: its windows go with it
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      groups_[g]->Run([window_id](ProgressGroup& pg) { pg.DeregisterRegion(window_id); });
+    }
+    return absl::NotFoundError(absl::StrCat("no region ", id));
+  }
+  it->second->windows.push_back(window_id);
+  windows_.emplace(window_id, id);
+  return Window{window_id, std::move(d)};
+}
+
+absl::Status Engine::CloseWindow(uint64_t window, bool wait) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = windows_.find(window);
+    if (it == windows_.end()) return absl::NotFoundError(absl::StrCat("no window ", window));
+    if (auto region = regions_.find(it->second); region != regions_.end()) {
+      std::erase(region->second->windows, window);
+    }
+    windows_.erase(it);
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (wait) {
+      DeregisterOnRails(g, window);
+    } else {
+      groups_[g]->Run([window](ProgressGroup& pg) { pg.DeregisterRegion(window); });
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Engine::DeregisterMemory(RegionId id, absl::Time deadline) {
+  std::vector<uint64_t> windows;
   {
     absl::MutexLock lock(&mu_);
     auto unpinned = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -396,13 +498,13 @@ absl::Status Engine::DeregisterMemory(RegionId id, absl::Time deadline) {
       return absl::FailedPreconditionError(
           absl::StrCat("region ", id, " is in use by ", it->second->pins, " transfer(s)"));
     }
+    windows = std::move(it->second->windows);
+    for (uint64_t w : windows) windows_.erase(w);
     regions_.erase(it);
   }
-  for (auto& g : groups_) {
-    IgnoreError(g->RunAndWait([id](ProgressGroup& pg) {
-      pg.DeregisterRegion(id);
-      return absl::OkStatus();
-    }));
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (uint64_t w : windows) DeregisterOnRails(g, w);
+    DeregisterOnRails(g, id);
   }
   return absl::OkStatus();
 }
@@ -418,7 +520,6 @@ absl::StatusOr<RegionDescriptor> Engine::Describe(RegionId id) const {
   d.length = e.length;
   d.device = e.device;
   d.offset_addressing = (rails_[0].mr_mode & FI_MR_VIRT_ADDR) == 0;
-  d.keys = e.keys;
   return d;
 }
 
@@ -747,6 +848,7 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
   std::vector<uint64_t> fi_addrs;
   size_t remote_rails;
   auto state = std::make_shared<TransferState>();
+  bool nothing_to_write = false;
   {
     absl::MutexLock lock(&mu_);
     auto peer = peers_.find(req.peer);
@@ -785,6 +887,7 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
     state->deadline = req.deadline == absl::InfiniteFuture() ? now + kDefaultTransferDeadline
                                                              : req.deadline;
     state->engine = this;
+    state->on_done = std::move(req.on_done);
     // What a part on any group needs to move a WRITE to another rail (FillPart).
     state->fi_addrs = fi_addrs;
     for (auto& [id, region] : local) state->src_descs[id] = region.descs;
@@ -802,9 +905,8 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
     }
     if (plan.writes == 0) {
       for (auto& [id, region] : local) --regions_[id]->pins;
-      state->Finish(absl::OkStatus());
-      return Transfer(state);
-    }
+      nothing_to_write = true;
+    } else {
     std::vector<std::unique_ptr<Part>> parts(groups_.size());
     for (size_t r = 0; r < rails_.size(); ++r) {
       const size_t g = rail_refs_[r].group;
@@ -883,6 +985,15 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
         pg.AddPart(std::move(p));
       });
     }
+    }
+  }
+  // Outside the lock: on_done may call back into the engine.
+  if (nothing_to_write) {
+    {
+      absl::MutexLock slock(&state->mu);
+      state->retired = true;
+    }
+    state->Finish(absl::OkStatus());
   }
   return Transfer(state);
 }
@@ -892,24 +1003,94 @@ absl::StatusOr<TransferStats> Engine::Write(TransferRequest request) {
   return t.Wait();
 }
 
-absl::Status Engine::SendControl(PeerId peer, std::string_view payload, absl::Time deadline) {
-  if (payload.size() > options_.max_control) {
-    return absl::InvalidArgumentError(absl::StrCat("control payload of ", payload.size(),
-                                                   " bytes exceeds ", options_.max_control));
+void Engine::PostControl(PeerId peer, std::string payload,
+                         std::function<void(const absl::Status&)> done) {
+  if (!done) done = [](const absl::Status&) {};
+  if (payload.size() > options_.max_message) {
+    return done(absl::InvalidArgumentError(absl::StrCat(
+        "control message of ", payload.size(), " bytes exceeds ", options_.max_message)));
   }
-  fi_addr_t dest;
+  auto send = std::make_shared<ControlSend>();
   {
     absl::MutexLock lock(&mu_);
     auto it = peers_.find(peer);
-    if (it == peers_.end()) return absl::NotFoundError(absl::StrCat("no peer ", peer));
-    dest = it->second.fi_addrs[0];
+    if (it == peers_.end()) return done(absl::NotFoundError(absl::StrCat("no peer ", peer)));
+    send->fi_addrs = it->second.fi_addrs;
+    send->first_rail = it->second.control_rail;
   }
+  send->peer = peer;
+  // Fragments of at most max_control bytes each (one for a short message), numbered so that the
+  // receiver puts them together, and drops a message it has had already (a rail that stalled
+  // may deliver it after all, once it went again on another).
+  {
+    const size_t chunk = options_.max_control - kFragmentHeader;
+    const size_t count = std::max<size_t>(1, (payload.size() + chunk - 1) / chunk);
+    const uint32_t id = next_message_.fetch_add(1, std::memory_order_relaxed);
+    for (size_t i = 0; i < count; ++i) {
+      std::string frame;
+      ByteWriter w(&frame);
+      w.U32(incarnation_);
+      w.U32(id);
+      w.U16(static_cast<uint16_t>(i));
+      w.U16(static_cast<uint16_t>(count));
+      w.Raw(std::string_view(payload).substr(i * chunk, chunk));
+      send->frames.push_back(EncodeControl(ControlType::kFragment, node_id_, frame));
+    }
+  }
+  send->done = std::move(done);
   Ring(peer, absl::Now(), RingKind::kWake);
+  SendFrames(std::move(send));
+}
+
+void Engine::SendFrames(std::shared_ptr<ControlSend> send) {
+  const size_t rail = (send->first_rail + send->tries) % rails_.size();
+  const RailRef ref = rail_refs_[rail];
+  {
+    absl::MutexLock lock(&send->mu);
+    send->pending = send->frames.size();
+    send->failed = absl::OkStatus();
+  }
+  groups_[ref.group]->Run([this, send, rail, ref](ProgressGroup& pg) {
+    for (const std::string& frame : send->frames) {
+      pg.QueueSend(ref.index_in_group, send->fi_addrs[rail], frame,
+                   [this, send, rail](const absl::Status& s) {
+                     bool last = false;
+                     absl::Status failed;
+                     {
+                       absl::MutexLock lock(&send->mu);
+                       if (!s.ok() && send->failed.ok()) send->failed = s;
+                       last = --send->pending == 0;
+                       failed = send->failed;
+                     }
+                     if (last) FramesSent(send, rail, failed);
+                   });
+    }
+  });
+}
+
+void Engine::FramesSent(std::shared_ptr<ControlSend> send, size_t rail, absl::Status failed) {
+  if (failed.ok() || closing_.load()) return send->done(failed);
+  absl::StrAppend(&send->errors, send->errors.empty() ? "" : "; ", "rail ", rail, ": ",
+                  failed.message());
+  {
+    // The peer's next messages start on the next rail.
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(send->peer);
+    if (it != peers_.end() && it->second.control_rail == rail) {
+      it->second.control_rail = (rail + 1) % rails_.size();
+    }
+  }
+  if (++send->tries >= rails_.size()) {
+    return send->done(
+        absl::UnavailableError(absl::StrCat("control message to the peer lost on every rail (",
+                                            send->errors, ")")));
+  }
+  SendFrames(std::move(send));  // the whole message again on the next rail
+}
+
+absl::Status Engine::SendControl(PeerId peer, std::string_view payload, absl::Time deadline) {
   auto done = std::make_shared<Completion>();
-  const RailRef ref = rail_refs_[0];
-  groups_[ref.group]->Run(
-      [ref, dest, done, msg = EncodeControl(ControlType::kUser, node_id_, payload)](
-          ProgressGroup& pg) mutable { pg.QueueSend(ref.index_in_group, dest, std::move(msg), done); });
+  PostControl(peer, std::string(payload), [done](const absl::Status& s) { done->Set(s); });
   return done->Wait(deadline);
 }
 
@@ -922,6 +1103,91 @@ void Engine::OnControl(std::string_view frame) {
   if (msg->type == ControlType::kBell) OnRung(msg->sender, msg->payload);
   if (msg->type == ControlType::kUser && options_.on_control) {
     options_.on_control(msg->sender, msg->payload);
+  }
+  if (msg->type == ControlType::kFragment) OnFragment(msg->sender, msg->payload);
+}
+
+void Engine::OnFragment(std::string_view sender, std::string_view frame) {
+  ByteReader r(frame);
+  uint32_t incarnation = 0, id = 0;
+  uint16_t index = 0, count = 0;
+  if (!r.U32(&incarnation) || !r.U32(&id) || !r.U16(&index) || !r.U16(&count) || count == 0 ||
+      index >= count || size_t{count} * options_.max_control > 2 * options_.max_message) {
+    spdlog::warn("dropped a malformed control fragment from {}", std::string(sender));
+    return;
+  }
+  const std::string from = absl::StrCat(std::string(sender), "/", incarnation);
+  std::string whole;
+  {
+    absl::MutexLock lock(&fragments_mu_);
+    if (Delivered(from, id)) return;  // a copy of one that came already
+    if (count == 1) {
+      MarkDelivered(from, id);
+      whole = std::string(frame.substr(kFragmentHeader));
+    } else {
+      const absl::Time now = absl::Now();
+      // Messages a sender began and never finished (it died, or a rail failed under it) go.
+      for (auto it = partial_.begin(); it != partial_.end();) {
+        if (now - it->second.started > kPartialMessageLife) {
+          partial_bytes_ -= it->second.bytes;
+          partial_.erase(it++);
+        } else {
+          ++it;
+        }
+      }
+      const std::string key = absl::StrCat(from, "/", id);
+      PartialMessage& m = partial_[key];
+      if (m.parts.empty()) {
+        m.parts.resize(count);
+        m.started = now;
+      }
+      if (m.parts.size() != count || partial_bytes_ + r.left() > kPartialMessageBytes) {
+        spdlog::warn("dropped a control fragment from {}: inconsistent, or over the bytes kept "
+                     "for unfinished messages", std::string(sender));
+        return;
+      }
+      if (!m.parts[index].empty()) return;  // a copy of a fragment that came already
+      m.parts[index] = std::string(frame.substr(kFragmentHeader));
+      m.bytes += r.left();
+      partial_bytes_ += r.left();
+      if (++m.received < count) return;
+      whole.reserve(m.bytes);
+      for (const std::string& part : m.parts) whole += part;
+      partial_bytes_ -= m.bytes;
+      partial_.erase(key);
+      MarkDelivered(from, id);
+    }
+  }
+  if (options_.on_control) options_.on_control(sender, whole);
+}
+
+bool Engine::Delivered(const std::string& from, uint32_t id) const {
+  auto it = delivered_.find(from);
+  if (it == delivered_.end()) return false;
+  return id <= it->second.floor || it->second.above.contains(id);
+}
+
+void Engine::MarkDelivered(const std::string& from, uint32_t id) {
+  auto [it, added] = delivered_.try_emplace(from);
+  if (added) {
+    delivered_order_.push_back(from);  // its ids start at 1 (next_message_), floor 0
+    if (delivered_order_.size() > kSendersKept) {
+      delivered_.erase(delivered_order_.front());
+      delivered_order_.pop_front();
+    }
+  }
+  Seen& seen = it->second;
+  seen.above.insert(id);
+  while (!seen.above.empty() && *seen.above.begin() == seen.floor + 1) {
+    seen.floor = *seen.above.begin();
+    seen.above.erase(seen.above.begin());
+  }
+  // A sender numbers the messages of all its peers in one sequence: the ids another peer got
+  // leave gaps here that never fill. Past kSeenAboveKept ids the floor moves up over them (a
+  // message that comes that many ids late is taken for a copy).
+  while (seen.above.size() > kSeenAboveKept) {
+    seen.floor = *seen.above.begin();
+    seen.above.erase(seen.above.begin());
   }
 }
 

@@ -5,6 +5,9 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <deque>
+#include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +30,7 @@ class ProgressGroup;
 struct TransferState;
 struct RegionEntry;
 struct Part;
+struct ControlSend;
 
 struct EngineOptions {
   // "auto", "efa", "verbs", "tcp" (tcp;ofi_rxm) or "shm". Default: "tcp".
@@ -93,8 +97,11 @@ struct EngineOptions {
   bool work_stealing = true;
   // Pre-posted control receive buffers per rail. Default: 64.
   size_t recv_pool = 64;
-  // Largest control message payload. Default: 4096.
-  size_t max_control = 4096;
+  // Largest control frame payload; longer messages go in several frames and are put together
+  // again at the receiver. Default: 8192.
+  size_t max_control = 8192;
+  // Longest control message (PostControl). Default: 16 MiB.
+  size_t max_message = size_t{16} << 20;
   // A rail with WRITEs to a peer in flight and none completing for this long is taken as down
   // for that peer (a link that drops everything reports no error on tcp); a WRITE that fails
   // on a rail takes it down at once. Its WRITEs go again on the group's other rails, and the
@@ -107,8 +114,9 @@ struct EngineOptions {
   // a negative libfabric error code fails the post with it (a NIC that refuses posts), which
   // the real providers cannot be made to do on demand. Default: none.
   std::function<int(size_t rail)> post_fault;
-  // Called on a progress thread for every control message a peer sends: sender's node id and
-  // the payload. Must not block. Default: none (messages are dropped).
+  // Called on a progress thread for every control message a peer sends (put together from its
+  // frames): the sender's node id and the payload. Must not block. Default: none (messages
+  // are dropped).
   std::function<void(std::string_view sender, std::string_view payload)> on_control;
 };
 
@@ -145,14 +153,6 @@ struct RailInfo {
   std::string placement;
 };
 
-// How to reach a peer: its node id, one address per rail (RailInfo::address) and its bell's
-// (empty when it has none; see EngineOptions::wait_fds).
-struct PeerAddress {
-  std::string node;
-  std::vector<std::string> rails;
-  std::string bell;
-};
-
 struct TransferStats {
   uint64_t bytes = 0;
   uint64_t writes = 0;
@@ -186,6 +186,17 @@ struct TransferRequest {
   // every other byte of the transfer has landed (ImmediateCounter counts them). Must fit the
   // provider's cq_data_size.
   std::optional<uint64_t> immediate;
+  // Called once with the transfer's result, on the thread that ends it (a progress thread,
+  // or the one that cancels it), after Wait would return it. Must not block.
+  std::function<void(const absl::StatusOr<TransferStats>&)> on_done;
+};
+
+// A window of a registered region that peers may WRITE into, under keys they cannot guess:
+// random ones where the provider lets ferry choose (without FI_MR_PROV_KEY), the provider's
+// own elsewhere. `descriptor` is what a peer needs (RemoteAddress(0) is the window's start).
+struct Window {
+  uint64_t id = 0;
+  RegionDescriptor descriptor;
 };
 
 // A submitted transfer. Thread-safe.
@@ -200,6 +211,9 @@ class Transfer {
   // Fails the transfer with kCancelled unless it has already finished. WRITEs already posted
   // may still land.
   void Cancel();
+  // Waits until every WRITE the transfer posted has completed (after its end, the progress
+  // threads still let go of what it posted). kDeadlineExceeded when `deadline` passes first.
+  absl::Status WaitRetired(absl::Time deadline) const;
 
  private:
   std::shared_ptr<TransferState> state_;  // shared with the progress threads that run it
@@ -269,16 +283,27 @@ class Engine {
   // This engine's bell (empty when it has none), as PeerAddress::bell.
   const std::string& bell_address() const { return bell_address_; }
 
-  // Registers [addr, addr + length) on every rail. The memory must stay valid until
-  // DeregisterMemory. kInvalidArgument: null, empty or wrapping range. kUnimplemented: device memory the build or provider cannot register.
-  // kResourceExhausted: the provider refused an MR.
+  // Registers [addr, addr + length) on every rail as a source of WRITEs; no peer can write
+  // into it or read it until a window opens on it. The memory must stay valid until
+  // DeregisterMemory. kInvalidArgument: null, empty or wrapping range. kUnimplemented: device
+  // memory the build or provider cannot register. kResourceExhausted: the provider refused an
+  // MR.
   absl::StatusOr<RegionId> RegisterMemory(void* addr, size_t length, Device device);
-  // kNotFound: unknown id. kFailedPrecondition: a running transfer still uses the region at
-  // `deadline` (the default: at once). A transfer's Wait may return a moment before its
-  // progress thread lets go of the region.
+  // Closes the region's windows, then deregisters it. kNotFound: unknown id.
+  // kFailedPrecondition: a running transfer still uses the region at `deadline` (the default:
+  // at once). A transfer's Wait may return a moment before its progress thread lets go of it.
   absl::Status DeregisterMemory(RegionId id, absl::Time deadline = absl::InfinitePast());
-  // kNotFound: unknown id.
+  // Where the region is, as a peer names it (no keys: see OpenWindow). kNotFound: unknown id.
   absl::StatusOr<RegionDescriptor> Describe(RegionId id) const;
+  // Lets peers WRITE into [offset, offset + length) of region `id` until CloseWindow (or the
+  // region's deregistration): registered anew for remote writes on every rail, under fresh
+  // keys. kNotFound: unknown region. kInvalidArgument: empty or out of the region's bounds.
+  // kResourceExhausted: the provider refused an MR.
+  absl::StatusOr<Window> OpenWindow(RegionId id, uint64_t offset, uint64_t length);
+  // The provider refuses WRITEs under the window's keys from the time this returns (`wait`),
+  // or from a moment later (the progress threads close it when they get to it).
+  // kNotFound: no such window.
+  absl::Status CloseWindow(uint64_t window, bool wait = true);
 
   // Inserts the peer into every rail's AV (local rail i talks to the peer's rail i mod its
   // rail count) and warms every rail pair with one small message. Once one rail has answered,
@@ -300,8 +325,16 @@ class Engine {
   // Submit, then Wait.
   absl::StatusOr<TransferStats> Write(TransferRequest request);
 
-  // Sends one control message to the peer (two-sided SEND on rail 0) and waits for its local
-  // completion. kInvalidArgument: payload over max_control. kNotFound: unknown peer.
+  // Sends a control message to the peer (two-sided SENDs, in frames of at most max_control
+  // bytes, which the peer's engine puts together again before on_control sees the message)
+  // and calls `done` once its frames have completed locally, or with why they could not: a
+  // rail that fails a frame is tried no more for the message, which goes again whole on the
+  // next rail; kUnavailable once every rail failed. Never blocks; `done` (may be null) runs on
+  // a progress thread or this one and must not block. kInvalidArgument (through `done`):
+  // payload over max_message. kNotFound: unknown peer.
+  void PostControl(PeerId peer, std::string payload,
+                   std::function<void(const absl::Status&)> done = nullptr);
+  // PostControl, then waits for `done` until `deadline`.
   absl::Status SendControl(PeerId peer, std::string_view payload,
                            absl::Time deadline = absl::InfiniteFuture());
 
@@ -352,6 +385,20 @@ class Engine {
   // Has group 0 ring `bell` (FI_ADDR_NOTAVAIL: nothing to do). Thread-safe.
   void RingBell(uint64_t bell, RingKind kind);
   void ReleaseRegions(const std::vector<RegionId>& regions);
+  // Registers [addr, addr + length) under `id` with `access` on every rail (Rail::Register),
+  // filling `entry`'s keys and descriptors; on failure, none stays registered.
+  absl::Status RegisterOnRails(uint64_t id, char* addr, uint64_t length, Device device,
+                               uint64_t access, RegionEntry& entry);
+  void DeregisterOnRails(size_t group, uint64_t id);
+  // Control messages: a message's frames on one rail; then the next rail when one failed.
+  void SendFrames(std::shared_ptr<ControlSend> send);
+  void FramesSent(std::shared_ptr<ControlSend> send, size_t rail, absl::Status failed);
+  void OnFragment(std::string_view sender, std::string_view frame);
+  // Whether message `id` of sender incarnation `from` was handed to on_control already.
+  bool Delivered(const std::string& from, uint32_t id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(fragments_mu_);
+  void MarkDelivered(const std::string& from, uint32_t id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(fragments_mu_);
   // Per rail of `group`: the peer's address, the source regions' descriptors and the
   // destination regions' keys of the part's transfer (what a WRITE of the part needs to go on
   // any of the group's rails). Called on the group's progress thread.
@@ -368,6 +415,14 @@ class Engine {
     absl::Time woken = absl::InfinitePast();  // last kWake ring
     absl::Time busied = absl::InfinitePast();  // last kBusy ring
     int live = 0;                    // transfers to it not yet ended
+    size_t control_rail = 0;         // where its control messages go first
+  };
+  // A control message whose fragments are still coming.
+  struct PartialMessage {
+    std::vector<std::string> parts;
+    size_t received = 0;
+    size_t bytes = 0;
+    absl::Time started;
   };
   struct RailRef {
     size_t group;
@@ -387,6 +442,7 @@ class Engine {
   absl::flat_hash_map<RegionId, std::unique_ptr<RegionEntry>> regions_ ABSL_GUARDED_BY(mu_);
   PeerId next_peer_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<PeerId, Peer> peers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, RegionId> windows_ ABSL_GUARDED_BY(mu_);  // open, and their region
   uint64_t next_transfer_ ABSL_GUARDED_BY(mu_) = 1;
 
   absl::Mutex imm_mu_;
@@ -405,6 +461,20 @@ class Engine {
   std::atomic<int64_t> busy_until_{0};
   absl::Mutex bell_mu_;
   absl::flat_hash_map<std::string, absl::Time> busy_senders_ ABSL_GUARDED_BY(bell_mu_);
+  // Control messages: ids of this engine's fragmented messages, told apart from an earlier
+  // process's by a random incarnation; the fragments of others' still coming in.
+  const uint32_t incarnation_;
+  std::atomic<uint32_t> next_message_{1};
+  absl::Mutex fragments_mu_;
+  std::map<std::string, PartialMessage> partial_ ABSL_GUARDED_BY(fragments_mu_);
+  size_t partial_bytes_ ABSL_GUARDED_BY(fragments_mu_) = 0;
+  // Messages handed over, per sender incarnation: every id up to `floor`, and those above it.
+  struct Seen {
+    uint32_t floor = 0;
+    std::set<uint32_t> above;
+  };
+  std::map<std::string, Seen> delivered_ ABSL_GUARDED_BY(fragments_mu_);
+  std::deque<std::string> delivered_order_ ABSL_GUARDED_BY(fragments_mu_);
   std::vector<std::unique_ptr<ProgressGroup>> groups_;
 };
 

@@ -34,6 +34,8 @@ constexpr absl::Duration kSpinWhileBusy = absl::Microseconds(50);
 // hello to a peer that never answers keeps its slot.
 constexpr size_t kSendSlots = 64;
 constexpr size_t kReservedSendSlots = 16;
+// How often a group looks for control frames that went without a completion too long.
+constexpr absl::Duration kSendCheckPeriod = absl::Milliseconds(10);
 // Receives posted on the bell: rings are small and consumed at once.
 constexpr size_t kBellReceives = 8;
 
@@ -69,6 +71,7 @@ absl::Status Completion::Wait(absl::Time deadline) const {
 }
 
 bool TransferState::Finish(absl::Status s) {
+  absl::StatusOr<TransferStats> result;
   {
     absl::MutexLock lock(&mu);
     if (done) return false;
@@ -76,8 +79,10 @@ bool TransferState::Finish(absl::Status s) {
     status = std::move(s);
     stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
     finished.store(true, std::memory_order_release);
+    if (on_done) result = status.ok() ? absl::StatusOr<TransferStats>(stats) : status;
   }
   if (counted) engine->TransferEnded(peer);
+  if (on_done) std::exchange(on_done, nullptr)(result);
   return true;
 }
 
@@ -160,7 +165,8 @@ absl::StatusOr<std::unique_ptr<ProgressGroup::RailState>> ProgressGroup::OpenRai
   rs->depth = rs->rail->rail_info().tx_depth;
   rs->arena.resize((nrecv + kSendSlots) * control_slot_);
   ASSIGN_OR_RETURN(rs->arena_mr,
-                   rs->rail->Register(rs->arena.data(), rs->arena.size(), NextMrKey()));
+                   rs->rail->Register(rs->arena.data(), rs->arena.size(), RandomMrKey(),
+                                      FI_SEND | FI_RECV));
   rs->recvs.resize(nrecv);
   for (size_t i = 0; i < nrecv; ++i) {
     rs->recvs[i].kind = OpKind::kRecv;
@@ -198,14 +204,17 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
   while (!stop_.load(std::memory_order_relaxed)) {
     bool worked = DrainInbox();
     bool busy = false;
+    const bool check_sends = absl::Now() >= next_send_check_;
+    if (check_sends) next_send_check_ = absl::Now() + kSendCheckPeriod;
     for (size_t k = 0; k < rails_.size(); ++k) {
       RailState& rs = *rails_[k];
       worked |= PollCq(rs) > 0;
       worked |= PostWrites(k);
       worked |= PostSends(rs);
-      // Control messages count until they complete: a first one waits for the provider to
-      // connect, which a loop blocked on the CQ's fd may not hear of.
-      busy |= rs.in_flight > 0 || !rs.queue.empty() || rs.free_sends.size() < rs.sends.size();
+      if (check_sends) CheckSends(rs, absl::Now());
+      // Control messages count until they complete, or for as long as they may: a first one
+      // waits for the provider to connect, which a loop blocked on the CQ's fd may not hear of.
+      busy |= rs.in_flight > 0 || !rs.queue.empty() || rs.sends_young;
     }
     if (bell_ != nullptr) {
       // Its CQ is read when its fd said so, while a ring goes out, and once a kScanPeriod
@@ -328,11 +337,22 @@ void ProgressGroup::ReleaseAddress(RailState& rs, fi_addr_t addr) {
   if (it == rs.av.end() || it->second.users == 0) return;
   if (--it->second.users > 0) return;
   // Nothing more goes to it: control messages not yet posted are cancelled.
+  std::vector<SendOp*> cancelled;
   std::erase_if(rs.pending_sends, [&](SendOp* op) {
     if (op->dest != addr) return false;
-    FinishSend(rs, op, absl::CancelledError("peer removed"));
+    cancelled.push_back(op);
     return true;
   });
+  std::vector<SendCallback> dropped;
+  std::erase_if(rs.backlog, [&](RailState::Backlogged& b) {
+    if (b.dest != addr) return false;
+    dropped.push_back(std::move(b.done));
+    return true;
+  });
+  for (SendOp* op : cancelled) FinishSend(rs, op, absl::CancelledError("peer removed"));
+  for (SendCallback& done : dropped) {
+    if (done) done(absl::CancelledError("peer removed"));
+  }
   MaybeForget(rs, addr);
 }
 
@@ -615,7 +635,23 @@ bool ProgressGroup::PostSends(RailState& rs) {
   while (!rs.pending_sends.empty()) {
     SendOp* op = rs.pending_sends.front();
     char* buf = rs.arena.data() + (rs.recvs.size() + op->slot) * control_slot_;
-    ssize_t rc = fi_send(rs.rail->ep(), buf, op->length, rs.arena_mr.desc, op->dest, &op->ctx);
+    ssize_t rc;
+    if (op->callback && rs.rail->rail_info().delivery_complete) {
+      // A control frame completes once the peer has it (a transmit completion only says the
+      // bytes left, maybe into a socket whose link is gone): a frame that does not is failed
+      // over to another rail (CheckSends).
+      iovec iov = {buf, op->length};
+      void* desc = rs.arena_mr.desc;
+      fi_msg msg = {};
+      msg.msg_iov = &iov;
+      msg.desc = &desc;
+      msg.iov_count = 1;
+      msg.addr = op->dest;
+      msg.context = &op->ctx;
+      rc = fi_sendmsg(rs.rail->ep(), &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
+    } else {
+      rc = fi_send(rs.rail->ep(), buf, op->length, rs.arena_mr.desc, op->dest, &op->ctx);
+    }
     if (rc == -FI_EAGAIN) break;
     rs.pending_sends.pop_front();
     if (rc != 0) {
@@ -629,38 +665,82 @@ bool ProgressGroup::PostSends(RailState& rs) {
   return posted;
 }
 
+void ProgressGroup::CheckSends(RailState& rs, absl::Time now) {
+  rs.sends_young = false;
+  if (rs.free_sends.size() == rs.sends.size()) return;
+  std::vector<SendOp*> stalled;
+  for (SendOp& op : rs.sends) {
+    if (op.abandoned || (!op.done && !op.callback)) continue;
+    if (now - op.since <= options_.rail_stall_timeout) {
+      rs.sends_young = true;
+    } else if (op.callback) {
+      stalled.push_back(&op);
+    }
+  }
+  for (SendOp* op : stalled) {
+    const absl::Status why = absl::UnavailableError(absl::StrCat(
+        "no completion for ", absl::FormatDuration(options_.rail_stall_timeout)));
+    auto queued = std::find(rs.pending_sends.begin(), rs.pending_sends.end(), op);
+    if (queued != rs.pending_sends.end()) {  // never posted: its slot is free again
+      rs.pending_sends.erase(queued);
+      FinishSend(rs, op, why);
+      continue;
+    }
+    op->abandoned = true;
+    std::exchange(op->callback, nullptr)(why);
+  }
+}
+
 void ProgressGroup::FinishSend(RailState& rs, SendOp* op, const absl::Status& status) {
-  op->done->Set(status);
+  // An abandoned frame's sender knows already: only its slot comes back.
+  if (op->done && !op->abandoned) op->done->Set(status);
   rs.free_sends.push_back(op->slot);
   if (op->posted) {
     op->posted = false;
     auto it = rs.av.find(op->dest);
-    if (it != rs.av.end() && it->second.hello == op->done) it->second.hello.reset();
+    if (it != rs.av.end() && op->done && it->second.hello == op->done) it->second.hello.reset();
     OpCompleted(rs, op->dest);
   }
   op->done.reset();
+  op->abandoned = false;
+  SendCallback callback = std::exchange(op->callback, nullptr);
+  // A freed slot takes the next backlogged frame.
+  if (!rs.backlog.empty() && rs.free_sends.size() > kReservedSendSlots) {
+    RailState::Backlogged next = std::move(rs.backlog.front());
+    rs.backlog.pop_front();
+    QueueSendOn(rs, next.dest, std::move(next.frame), nullptr, false, std::move(next.done));
+  }
+  if (callback) callback(status);
 }
 
-void ProgressGroup::QueueSend(size_t rail, fi_addr_t dest, std::string message,
-                              std::shared_ptr<Completion> done) {
-  QueueSendOn(*rails_[rail], dest, std::move(message), std::move(done));
+void ProgressGroup::QueueSend(size_t rail, fi_addr_t dest, std::string frame, SendCallback done) {
+  RailState& rs = *rails_[rail];
+  if (!rs.backlog.empty() || rs.free_sends.size() <= kReservedSendSlots) {
+    rs.backlog.push_back({dest, std::move(frame), std::move(done)});
+    return;
+  }
+  QueueSendOn(rs, dest, std::move(frame), nullptr, false, std::move(done));
 }
 
 void ProgressGroup::QueueSendOn(RailState& rs, fi_addr_t dest, std::string message,
-                                std::shared_ptr<Completion> done, bool first_contact) {
-  if (message.size() > control_slot_) {
-    done->Set(absl::InvalidArgumentError("control message too large"));
-    return;
-  }
+                                std::shared_ptr<Completion> done, bool first_contact,
+                                SendCallback callback) {
+  auto refuse = [&](absl::Status s) {
+    if (done) done->Set(s);
+    if (callback) callback(s);
+  };
+  if (message.size() > control_slot_) return refuse(absl::InvalidArgumentError("control message too large"));
   if (rs.free_sends.size() <= (first_contact ? kReservedSendSlots : 0)) {
-    done->Set(absl::ResourceExhaustedError("all control send slots are in use"));
-    return;
+    return refuse(absl::ResourceExhaustedError("all control send slots are in use"));
   }
   SendOp& op = rs.sends[rs.free_sends.back()];
   rs.free_sends.pop_back();
   op.length = message.size();
   op.dest = dest;
   op.done = std::move(done);
+  op.callback = std::move(callback);
+  op.since = absl::Now();
+  op.abandoned = false;
   memcpy(rs.arena.data() + (rs.recvs.size() + op.slot) * control_slot_, message.data(),
          message.size());
   rs.pending_sends.push_back(&op);
@@ -826,7 +906,11 @@ void ProgressGroup::ReapParts() {
   for (Part* p : retiring_) {
     std::shared_ptr<TransferState> t = p->transfer;
     parts_.erase(p);
-    if (t->parts_alive.fetch_sub(1) == 1) t->engine->ReleaseRegions(t->pinned);
+    if (t->parts_alive.fetch_sub(1) == 1) {
+      t->engine->ReleaseRegions(t->pinned);
+      absl::MutexLock lock(&t->mu);
+      t->retired = true;
+    }
   }
   retiring_.clear();
 }
@@ -1093,10 +1177,10 @@ void ProgressGroup::FailPeer(PeerId peer, const absl::Status& status) {
 }
 
 absl::Status ProgressGroup::RegisterRegion(RegionId id, void* addr, size_t length, Device device,
-                                           std::vector<RailMr*>* out) {
+                                           uint64_t access, std::vector<RailMr*>* out) {
   std::vector<RailMr> mrs;
   for (auto& rs : rails_) {
-    ASSIGN_OR_RETURN(RailMr mr, rs->rail->Register(addr, length, NextMrKey(), device));
+    ASSIGN_OR_RETURN(RailMr mr, rs->rail->Register(addr, length, RandomMrKey(), access, device));
     mrs.push_back(std::move(mr));
   }
   auto& slot = mrs_[id];
@@ -1112,11 +1196,16 @@ void ProgressGroup::Shutdown() {
   for (auto& [p, owned] : parts_) {
     p->transfer->Finish(absl::CancelledError("engine shut down"));
   }
+  const absl::Status down = absl::CancelledError("engine shut down");
   for (auto& rs : rails_) {
-    for (SendOp* op : rs->pending_sends) op->done->Set(absl::CancelledError("engine shut down"));
     for (SendOp& op : rs->sends) {
-      if (op.done) op.done->Set(absl::CancelledError("engine shut down"));
+      if (op.done) op.done->Set(down);
+      if (op.callback) std::exchange(op.callback, nullptr)(down);
     }
+    for (auto& b : rs->backlog) {
+      if (b.done) b.done(down);
+    }
+    rs->backlog.clear();
   }
   DrainInbox();  // commands that wait on a Completion must not hang
   // MRs close before the endpoints they may be bound to (FI_MR_ENDPOINT; fabtests'

@@ -86,12 +86,20 @@ struct WriteOp : OpBase {
   bool abandoned = false;  // stalled and sent again elsewhere: its completion changes nothing
 };
 
+// Told once how a control frame's SEND ended.
+using SendCallback = std::function<void(const absl::Status&)>;
+
 struct SendOp : OpBase {
   size_t slot = 0;
   size_t length = 0;
   fi_addr_t dest = FI_ADDR_UNSPEC;
   bool posted = false;  // handed to the provider (its completion is still to come)
   std::shared_ptr<Completion> done;  // shared with the sender, who waits on it
+  SendCallback callback;             // or called
+  absl::Time since;                  // queued
+  // A control frame with no completion for rail_stall_timeout: its sender was told it failed
+  // (and goes on another rail); the slot waits for the provider to let go of it.
+  bool abandoned = false;
 };
 
 struct RecvOp : OpBase {
@@ -131,8 +139,12 @@ struct TransferState {
   Part* tail_part = nullptr;
   std::atomic<ProgressGroup*> tail_group{nullptr};
 
+  // TransferRequest::on_done; called by the one Finish that sets the result.
+  std::function<void(const absl::StatusOr<TransferStats>&)> on_done;
+
   absl::Mutex mu;
   bool done ABSL_GUARDED_BY(mu) = false;
+  bool retired ABSL_GUARDED_BY(mu) = false;  // every part has retired (parts_alive is 0)
   absl::Status status ABSL_GUARDED_BY(mu);
   TransferStats stats ABSL_GUARDED_BY(mu);
 
@@ -202,8 +214,10 @@ class ProgressGroup {
 
   // --- Progress thread only. ---
   Rail& rail(size_t i) { return *rails_[i]->rail; }
+  // Registers [addr, addr + length) on every rail of the group under `id` with `access`
+  // (Rail::Register).
   absl::Status RegisterRegion(RegionId id, void* addr, size_t length, Device device,
-                              std::vector<RailMr*>* out);
+                              uint64_t access, std::vector<RailMr*>* out);
   void DeregisterRegion(RegionId id);
   void AddPart(std::unique_ptr<Part> part);
   // Takes a part another group handed on (see Handover): its WRITEs go on this group's usable
@@ -227,9 +241,9 @@ class ProgressGroup {
                                                     const std::string& hello);
   // Lets go of addrs[i] on rail i (FI_ADDR_NOTAVAIL entries are skipped): see ReleaseAddress.
   void ReleaseAddresses(const std::vector<fi_addr_t>& addrs);
-  // Posts a control message (already framed) on rail `rail`.
-  void QueueSend(size_t rail, fi_addr_t dest, std::string message,
-                 std::shared_ptr<Completion> done);
+  // Posts a control frame on rail `rail`; `done` is told how its SEND ended. Frames wait in
+  // the rail's backlog while its send slots are all taken.
+  void QueueSend(size_t rail, fi_addr_t dest, std::string frame, SendCallback done);
   // The rail failed for the peer: it rests, its queued WRITEs to the peer move elsewhere.
   void RailDown(size_t rail, PeerId peer, const absl::Status& why);
   // The bell (group 0): a peer's bell into the bell's AV, removed, rung.
@@ -273,6 +287,14 @@ class ProgressGroup {
     std::vector<SendOp> sends;
     std::vector<size_t> free_sends;
     std::deque<SendOp*> pending_sends;
+    // Frames waiting for a send slot.
+    struct Backlogged {
+      fi_addr_t dest;
+      std::string frame;
+      SendCallback done;
+    };
+    std::deque<Backlogged> backlog;
+    bool sends_young = false;  // a send queued less than rail_stall_timeout ago (CheckSends)
   };
 
   ProgressGroup(Engine* engine, size_t index, const EngineOptions& options);
@@ -295,7 +317,8 @@ class ProgressGroup {
   // `first_contact`: a hello, which must leave kReservedSendSlots free (a hello to a peer that
   // never answers keeps its slot).
   void QueueSendOn(RailState& rs, fi_addr_t dest, std::string message,
-                   std::shared_ptr<Completion> done, bool first_contact = false);
+                   std::shared_ptr<Completion> done, bool first_contact = false,
+                   SendCallback callback = nullptr);
   // The AV entry of `address` on `rs`, inserted at first use; one more user.
   absl::StatusOr<fi_addr_t> AcquireAddress(RailState& rs, const std::string& address);
   // One user fewer; with none left, sends not yet posted to it are cancelled, and the entry
@@ -361,6 +384,9 @@ class ProgressGroup {
   // posted WRITEs are abandoned and sent again.
   void CheckStalls(absl::Time now);
   void FinishSend(RailState& rs, SendOp* op, const absl::Status& status);
+  // Control frames (not hellos or rings) with no completion for rail_stall_timeout fail for
+  // their senders, which try another rail; notes whether the rail has sends younger than that.
+  void CheckSends(RailState& rs, absl::Time now);
 
   Engine* const engine_;
   const size_t index_;
@@ -370,6 +396,7 @@ class ProgressGroup {
   absl::flat_hash_map<Part*, std::unique_ptr<Part>> parts_;
   std::vector<Part*> retiring_;  // parts with every op resolved, freed by ReapParts
   absl::Time next_scan_ = absl::InfinitePast();
+  absl::Time next_send_check_ = absl::InfinitePast();
   int epoll_fd_ = -1;
   int event_fd_ = -1;
   bool all_fd_ = true;  // every rail's CQ has a wait fd

@@ -36,10 +36,7 @@ int RemoveShmLeftovers(pid_t pid) {
   return removed;
 }
 
-uint64_t NextMrKey() {
-  static std::atomic<uint64_t> next{1};
-  return next.fetch_add(1, std::memory_order_relaxed);
-}
+uint64_t RandomMrKey() { return RandomU64(); }
 
 absl::StatusOr<std::unique_ptr<Rail>> Rail::Open(const fi_info& info, size_t tx_depth,
                                                  bool wait_fd) {
@@ -135,13 +132,13 @@ absl::StatusOr<fi_addr_t> Rail::Insert(const std::string& address) {
 }
 
 absl::StatusOr<RailMr> Rail::Register(void* addr, size_t length, uint64_t requested_key,
-                                      Device device) {
+                                      uint64_t access, Device device) {
   const int mr_mode = info_->domain_attr->mr_mode;
   iovec iov = {addr, length};
   fi_mr_attr attr = {};
   attr.mr_iov = &iov;
   attr.iov_count = 1;
-  attr.access = FI_WRITE | FI_READ | FI_REMOTE_WRITE | FI_REMOTE_READ | FI_SEND | FI_RECV;
+  attr.access = access;
   attr.requested_key = requested_key;
   attr.iface = FI_HMEM_SYSTEM;
   if (device.kind == Device::Kind::kCuda) {
@@ -179,7 +176,7 @@ void Rail::ProbeCuda() {
     ri.hmem_cuda_error = std::string(buf.status().message());
     return;
   }
-  auto mr = Register(*buf, kProbeBytes, NextMrKey(), Device::Cuda(0));
+  auto mr = Register(*buf, kProbeBytes, RandomMrKey(), FI_WRITE | FI_REMOTE_WRITE, Device::Cuda(0));
   ri.hmem_cuda = mr.ok();
   if (!mr.ok()) ri.hmem_cuda_error = std::string(mr.status().message());
   if (mr.ok()) mr->mr.reset();

@@ -32,8 +32,9 @@ int RemoveShmLeftovers(pid_t pid);
 // far shorter).
 inline constexpr size_t kMaxAddress = 256;
 
-// A process-wide unique key to request for an MR (providers without FI_MR_PROV_KEY use it).
-uint64_t NextMrKey();
+// A key to request for an MR (providers without FI_MR_PROV_KEY use it): random, so unique in
+// the domain (but by a 2^-64 chance) and not guessed by a peer.
+uint64_t RandomMrKey();
 
 class Rail {
  public:
@@ -46,12 +47,13 @@ class Rail {
   Rail(const Rail&) = delete;
   Rail& operator=(const Rail&) = delete;
 
-  // Registers [addr, addr + length) for local WRITE sources, SENDs/RECVs and remote WRITEs.
-  // Without FI_MR_PROV_KEY the requested key must be unique in the domain (fi_mr(3)): the
-  // caller passes a process-wide unique one.
-  // Device memory goes with FI_HMEM_CUDA, which only a CUDA-enabled libfabric accepts.
+  // Registers [addr, addr + length) with `access` (fi_mr(3): FI_WRITE | FI_SEND | FI_RECV
+  // for local WRITE sources and messages, FI_REMOTE_WRITE for what peers WRITE into; nothing
+  // is ever remotely readable). Without FI_MR_PROV_KEY the requested key must be unique in the
+  // domain (fi_mr(3)): the caller passes a random one. Device memory goes with FI_HMEM_CUDA,
+  // which only a CUDA-enabled libfabric accepts.
   absl::StatusOr<RailMr> Register(void* addr, size_t length, uint64_t requested_key,
-                                  Device device = Device::Host());
+                                  uint64_t access, Device device = Device::Host());
 
   // Puts a peer's endpoint name (at most kMaxAddress bytes) in the AV.
   absl::StatusOr<fi_addr_t> Insert(const std::string& address);

@@ -1,14 +1,15 @@
-#include "base/ids.h"
 #include "metadata/catalog.h"
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
-#include "engine/types.h"
+#include "base/bytes.h"
+#include "base/ids.h"
 #include "nlohmann/json.hpp"
 #include "rocksdb/db.h"
 #include "rocksdb/write_batch.h"
@@ -17,7 +18,9 @@ namespace ferry::metadata {
 namespace {
 
 constexpr char kSchemaKey[] = "schema_version";
-constexpr char kSchemaVersion[] = "1";
+constexpr char kSchemaVersion[] = "2";
+// Schema 1 differs only in its records (JSON), which are read as they are.
+constexpr char kOlderSchemaVersion[] = "1";
 constexpr char kNodeIdKey[] = "node_id";
 constexpr char kNextRegionKey[] = "next_region";
 
@@ -65,18 +68,30 @@ std::set<uint64_t> RegionsOf(const std::vector<Extent>& extents) {
   return out;
 }
 
+// Records are binary (schema 2): u8 format (2) | name | u64 version | u64 size |
+// u64 created_ms | u32 n | n x (u64 region, u64 offset, u64 length), little-endian. Stores of
+// schema 1 hold JSON records, read as they are.
+constexpr uint8_t kRecordFormat = 2;
+
 std::string EncodeRecord(const ObjectRecord& r) {
-  nlohmann::json extents = nlohmann::json::array();
-  for (const Extent& e : r.extents) extents.push_back({e.region, e.offset, e.length});
-  return nlohmann::json{{"name", r.name},
-                        {"version", r.version},
-                        {"size", r.size},
-                        {"created_ms", r.created_ms},
-                        {"extents", extents}}
-      .dump();
+  std::string out;
+  out.reserve(64 + r.name.size() + 24 * r.extents.size());
+  ByteWriter w(&out);
+  w.U8(kRecordFormat);
+  w.Bytes(r.name);
+  w.U64(r.version);
+  w.U64(r.size);
+  w.U64(static_cast<uint64_t>(r.created_ms));
+  w.U32(static_cast<uint32_t>(r.extents.size()));
+  for (const Extent& e : r.extents) {
+    w.U64(e.region);
+    w.U64(e.offset);
+    w.U64(e.length);
+  }
+  return out;
 }
 
-absl::StatusOr<ObjectRecord> DecodeRecord(const std::string& value) {
+absl::StatusOr<ObjectRecord> DecodeJsonRecord(const std::string& value) {
   auto j = nlohmann::json::parse(value, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return absl::DataLossError("catalog: bad record");
   try {
@@ -93,6 +108,28 @@ absl::StatusOr<ObjectRecord> DecodeRecord(const std::string& value) {
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat("catalog: bad record: ", e.what()));
   }
+}
+
+absl::StatusOr<ObjectRecord> DecodeRecord(const std::string& value) {
+  if (!value.empty() && value[0] == '{') return DecodeJsonRecord(value);
+  ByteReader in(value);
+  ObjectRecord r;
+  uint8_t format = 0;
+  uint64_t created = 0;
+  uint32_t n = 0;
+  if (!in.U8(&format) || format != kRecordFormat || !in.Bytes(&r.name) || !in.U64(&r.version) ||
+      !in.U64(&r.size) || !in.U64(&created) || !in.U32(&n) || n != in.left() / 24 ||
+      in.left() % 24 != 0) {
+    return absl::DataLossError("catalog: bad record");
+  }
+  r.created_ms = static_cast<int64_t>(created);
+  r.extents.resize(n);
+  for (Extent& e : r.extents) {
+    in.U64(&e.region);
+    in.U64(&e.offset);
+    in.U64(&e.length);
+  }
+  return r;
 }
 
 // Adds to `batch` the deletion of `name`'s versions up to `last` (inclusive) and their records
@@ -159,6 +196,10 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
   wo.sync = options.sync;
   std::string value;
   rocksdb::Status s = db->Get({}, c->meta_, kSchemaKey, &value);
+  if (s.ok() && value == kOlderSchemaVersion) {
+    RETURN_IF_ERROR(FromRocksDb(db->Put(wo, c->meta_, kSchemaKey, kSchemaVersion), "upgrade schema"));
+    value = kSchemaVersion;
+  }
   if (s.ok() && value != kSchemaVersion) {
     return absl::DataLossError(absl::StrCat("catalog ", dir, " has schema version ", value,
                                             ", this ferry reads ", kSchemaVersion));
@@ -220,11 +261,13 @@ absl::StatusOr<uint64_t> Catalog::NextRegionId() {
 
 absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
                                               const std::vector<Extent>& extents,
-                                              bool replace, std::set<uint64_t>* released) {
+                                              bool replace, std::set<uint64_t>* released,
+                                              bool durable) {
   RETURN_IF_ERROR(ValidateObjectName(name));
   ObjectRecord r;
   r.name = name;
   r.extents = extents;
+  r.durable = durable;
   for (const Extent& e : extents) {
     if (r.size + e.length < r.size) return absl::InvalidArgumentError("object size overflows");
     r.size += e.length;
@@ -233,12 +276,17 @@ absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
   absl::MutexLock lock(&mu_);
   std::string latest;
   rocksdb::Status s = db_->Get({}, objects_, LatestKey(name), &latest);
-  if (s.ok() && !replace) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("object '", name, "' exists (version ", DecodeU64(latest),
-                     "); publish with replace=true to make a new version"));
-  }
   if (!s.ok() && !s.IsNotFound()) return FromRocksDb(s, "read object");
+  const bool in_memory = ephemeral_.contains(name);
+  if ((s.ok() || in_memory) && !replace) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("object '", name, "' exists; publish with replace=true to make a new version"));
+  }
+  if ((s.ok() && !durable) || (in_memory && durable)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "object '", name, "' is ", s.ok() ? "durable" : "ephemeral", "; a new version of it must be too"));
+  }
+  if (!durable) return PublishEphemeralLocked(std::move(r), replace, released);
   r.version = s.ok() ? DecodeU64(latest) + 1 : 1;
   rocksdb::WriteBatch batch;
   batch.Put(objects_, LatestKey(name), EncodeU64(r.version));
@@ -253,24 +301,50 @@ absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
   RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), "publish"));
   for (uint64_t region : RegionsOf(extents)) ++region_users_[region];
   ForgetLocked(removed, released);
-  Cache(VersionKey(name, r.version), r);  // a pull often follows at once
+  Cache(VersionKey(name, r.version), std::make_shared<const ObjectRecord>(r));  // a pull often follows
   return r;
 }
 
-void Catalog::Cache(const std::string& key, const ObjectRecord& r) const {
+absl::StatusOr<ObjectRecord> Catalog::PublishEphemeralLocked(ObjectRecord r, bool replace,
+                                                             std::set<uint64_t>* released) {
+  Versions& versions = ephemeral_[r.name];
+  r.version = versions.empty() ? 1 : versions.rbegin()->first + 1;
+  (void)replace;  // checked by Publish
+  for (uint64_t region : RegionsOf(r.extents)) ++region_users_[region];
+  versions.emplace(r.version, std::make_shared<const ObjectRecord>(r));
+  std::vector<ObjectRecord> removed;
+  while (options_.keep_versions > 0 && versions.size() > options_.keep_versions) {
+    removed.push_back(*versions.begin()->second);
+    versions.erase(versions.begin());
+  }
+  ForgetLocked(removed, released);
+  return r;
+}
+
+void Catalog::Cache(const std::string& key, std::shared_ptr<const ObjectRecord> r) const {
   absl::MutexLock lock(&cache_mu_);
-  if (cached_extents_ + r.extents.size() > kCachedExtents) {
+  if (cached_extents_ + r->extents.size() > kCachedExtents) {
     cache_.clear();
     cached_extents_ = 0;
   }
-  if (cache_.emplace(key, std::make_shared<const ObjectRecord>(r)).second) {
-    cached_extents_ += r.extents.size();
-  }
+  const size_t n = r->extents.size();
+  if (cache_.emplace(key, std::move(r)).second) cached_extents_ += n;
 }
 
-absl::StatusOr<ObjectRecord> Catalog::Get(const std::string& name,
-                                          std::optional<uint64_t> version) const {
+absl::StatusOr<std::shared_ptr<const ObjectRecord>> Catalog::Get(
+    const std::string& name, std::optional<uint64_t> version) const {
   RETURN_IF_ERROR(ValidateObjectName(name));
+  {
+    absl::MutexLock lock(&mu_);
+    auto e = ephemeral_.find(name);
+    if (e != ephemeral_.end()) {
+      auto it = version ? e->second.find(*version) : std::prev(e->second.end());
+      if (it == e->second.end()) {
+        return absl::NotFoundError(absl::StrCat("no version ", *version, " of object '", name, "'"));
+      }
+      return it->second;
+    }
+  }
   uint64_t v;
   if (version) {
     v = *version;
@@ -284,7 +358,7 @@ absl::StatusOr<ObjectRecord> Catalog::Get(const std::string& name,
   const std::string key = VersionKey(name, v);
   {
     absl::MutexLock lock(&cache_mu_);
-    if (auto it = cache_.find(key); it != cache_.end()) return *it->second;
+    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
   }
   std::string value;
   rocksdb::Status s = db_->Get({}, objects_, key, &value);
@@ -293,18 +367,20 @@ absl::StatusOr<ObjectRecord> Catalog::Get(const std::string& name,
   }
   RETURN_IF_ERROR(FromRocksDb(s, "read object"));
   ASSIGN_OR_RETURN(ObjectRecord r, DecodeRecord(value));
-  Cache(key, r);
-  return r;
+  auto shared = std::make_shared<const ObjectRecord>(std::move(r));
+  Cache(key, shared);
+  return shared;
 }
 
 absl::StatusOr<std::vector<ObjectRecord>> Catalog::List(const std::string& prefix,
                                                         const std::string& after,
                                                         size_t limit) const {
-  std::vector<ObjectRecord> out;
+  // Durable names from the store, ephemeral ones from memory, merged in name order.
+  std::vector<ObjectRecord> durable;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}, objects_));
   const std::string lprefix = LatestKey(prefix);
   it->Seek(std::max(lprefix, LatestKey(after)));
-  for (; it->Valid() && out.size() < limit && it->key().starts_with(lprefix); it->Next()) {
+  for (; it->Valid() && durable.size() < limit && it->key().starts_with(lprefix); it->Next()) {
     std::string name = it->key().ToString().substr(1);
     if (!after.empty() && name == after) continue;
     std::string value;
@@ -312,15 +388,37 @@ absl::StatusOr<std::vector<ObjectRecord>> Catalog::List(const std::string& prefi
         db_->Get({}, objects_, VersionKey(name, DecodeU64(it->value().ToString())), &value),
         "read object"));
     ASSIGN_OR_RETURN(ObjectRecord r, DecodeRecord(value));
-    out.push_back(std::move(r));
+    durable.push_back(std::move(r));
   }
   RETURN_IF_ERROR(FromRocksDb(it->status(), "list objects"));
+  std::vector<ObjectRecord> ephemeral;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto e = ephemeral_.lower_bound(std::max(prefix, after));
+         e != ephemeral_.end() && ephemeral.size() < limit && e->first.starts_with(prefix); ++e) {
+      if (!after.empty() && e->first == after) continue;
+      ephemeral.push_back(*e->second.rbegin()->second);
+    }
+  }
+  std::vector<ObjectRecord> out;
+  std::merge(std::make_move_iterator(durable.begin()), std::make_move_iterator(durable.end()),
+             std::make_move_iterator(ephemeral.begin()), std::make_move_iterator(ephemeral.end()),
+             std::back_inserter(out),
+             [](const ObjectRecord& a, const ObjectRecord& b) { return a.name < b.name; });
+  if (out.size() > limit) out.resize(limit);
   return out;
 }
 
 absl::Status Catalog::Delete(const std::string& name, std::set<uint64_t>* released) {
   RETURN_IF_ERROR(ValidateObjectName(name));
   absl::MutexLock lock(&mu_);
+  if (auto e = ephemeral_.find(name); e != ephemeral_.end()) {
+    std::vector<ObjectRecord> removed;
+    for (const auto& [v, r] : e->second) removed.push_back(*r);
+    ephemeral_.erase(e);
+    ForgetLocked(removed, released);
+    return absl::OkStatus();
+  }
   std::string latest;
   rocksdb::Status s = db_->Get({}, objects_, LatestKey(name), &latest);
   if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat("no object '", name, "'"));

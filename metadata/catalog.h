@@ -1,6 +1,7 @@
 // The node's catalog: a RocksDB store under the node's data dir with column families for
-// nodes, regions and objects. Objects are named, versioned and immutable; every multi-key
-// change is one WriteBatch. Thread-safe.
+// nodes, regions and objects, and ephemeral objects in memory beside it. Objects are named,
+// versioned and immutable; every multi-key change is one WriteBatch. Records and their keys:
+// docs/catalog_format.md. Thread-safe.
 #ifndef FERRY_METADATA_CATALOG_H_
 #define FERRY_METADATA_CATALOG_H_
 
@@ -28,6 +29,7 @@ struct ObjectRecord {
   std::string name;
   uint64_t version = 0;  // 1, 2, ... per name
   uint64_t size = 0;     // sum of the extents' lengths
+  bool durable = true;   // in the store on disk; false: in memory, gone at restart
   std::vector<Extent> extents;  // regions are node-wide region ids, never reused
   int64_t created_ms = 0;  // Unix time
 };
@@ -63,14 +65,18 @@ class Catalog {
 
   // Publishes `extents` as `name`. kAlreadyExists: the name exists and `replace` is false.
   // With `replace`, the new version is the latest plus one, written atomically together with
-  // the removal of the versions past `keep_versions`. `released` (if given) gets the regions
-  // that no object version uses any more.
+  // the removal of the versions past `keep_versions`. `durable` false keeps the version in
+  // memory only (no write to the store; gone at restart). kFailedPrecondition: a durable name
+  // replaced by an ephemeral version or the other way round. `released` (if given) gets the
+  // regions that no object version uses any more.
   absl::StatusOr<ObjectRecord> Publish(const std::string& name,
                                        const std::vector<Extent>& extents, bool replace,
-                                       std::set<uint64_t>* released = nullptr);
-  // The latest version, or `version`. kNotFound: no such name or version.
-  absl::StatusOr<ObjectRecord> Get(const std::string& name,
-                                   std::optional<uint64_t> version = std::nullopt) const;
+                                       std::set<uint64_t>* released = nullptr,
+                                       bool durable = true);
+  // The latest version, or `version`. kNotFound: no such name or version. Shared: records
+  // never change, and a big layout is not copied for every pull.
+  absl::StatusOr<std::shared_ptr<const ObjectRecord>> Get(
+      const std::string& name, std::optional<uint64_t> version = std::nullopt) const;
   // Latest versions of names starting with `prefix`, after `after` (exclusive), in name order.
   absl::StatusOr<std::vector<ObjectRecord>> List(const std::string& prefix,
                                                  const std::string& after, size_t limit) const;
@@ -97,13 +103,19 @@ class Catalog {
   rocksdb::ColumnFamilyHandle* regions_ = nullptr;
   rocksdb::ColumnFamilyHandle* objects_ = nullptr;
 
-  mutable absl::Mutex mu_;  // serialises read-check-write changes
+  mutable absl::Mutex mu_;  // serialises read-check-write changes; guards ephemeral_
   std::map<uint64_t, size_t> region_users_ ABSL_GUARDED_BY(mu_);
   // Decoded records by version key: versions never change, so a hit saves decoding a layout
   // of many extents on every pull. Emptied when it holds more than kCachedExtents extents.
   static constexpr size_t kCachedExtents = size_t{1} << 20;
   // Keeps a decoded record (emptying the cache first when it would grow past kCachedExtents).
-  void Cache(const std::string& key, const ObjectRecord& r) const;
+  void Cache(const std::string& key, std::shared_ptr<const ObjectRecord> r) const;
+  // Ephemeral objects: versions by name (each name's latest last).
+  using Versions = std::map<uint64_t, std::shared_ptr<const ObjectRecord>>;
+  absl::StatusOr<ObjectRecord> PublishEphemeralLocked(ObjectRecord r, bool replace,
+                                                      std::set<uint64_t>* released)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::map<std::string, Versions> ephemeral_ ABSL_GUARDED_BY(mu_);
   mutable absl::Mutex cache_mu_;
   mutable std::map<std::string, std::shared_ptr<const ObjectRecord>> cache_ ABSL_GUARDED_BY(cache_mu_);
   mutable size_t cached_extents_ ABSL_GUARDED_BY(cache_mu_) = 0;

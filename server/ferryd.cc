@@ -11,6 +11,8 @@
 #include "absl/strings/numbers.h"
 #include "server/http_api.h"
 #include "server/node.h"
+#include "nlohmann/json.hpp"
+#include "wire/auth.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -77,6 +79,15 @@ int main(int argc, char** argv) {
                  "engine's bell, which peers ring; less work per WRITE on tcp)")
       ->capture_default_str();
   app.add_option("--token-file", token_file, "file with the bearer token clients must send");
+  std::string cluster_key_file;
+  app.add_option("--cluster-key-file", cluster_key_file,
+                 "file with the key node-to-node messages are sealed with (default: one derived "
+                 "from the token, none without one)");
+  app.add_option("--peer-transport", options.peer_transport,
+                 "how this node asks other nodes: auto (the fabric, HTTP when it cannot reach "
+                 "them), fabric or http")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "fabric", "http"}));
   app.add_flag("--insecure", insecure, "allow a non-loopback --listen without a token");
   app.add_option("--max-body-mb", max_body_mb, "largest request body, MiB")->capture_default_str();
   app.add_option("--max-extents", options.max_extents, "most extents per request")
@@ -123,7 +134,17 @@ int main(int argc, char** argv) {
               << " without --token-file (or --insecure)\n";
     return 2;
   }
-  options.peer_token = http.token;
+  if (!cluster_key_file.empty()) {
+    std::ifstream in(cluster_key_file);
+    if (!in || !std::getline(in, options.cluster_key) || options.cluster_key.empty()) {
+      std::cerr << "ferryd: cannot read a cluster key from " << cluster_key_file << "\n";
+      return 2;
+    }
+  } else {
+    // Nodes that share a token seal their messages to each other under a key derived from it:
+    // a node never hands its token to a peer.
+    options.cluster_key = ferry::wire::ClusterKeyFromToken(http.token);
+  }
   http.max_body = max_body_mb << 20;
 
   // Signals are taken by a thread of their own (sigwait), so they never interrupt libfabric.

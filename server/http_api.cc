@@ -9,7 +9,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "server/api_json.h"
+#include "wire/api_json.h"
+#include "wire/extents.h"
 #include "wire/http_status.h"
+#include "wire/messages.h"
 
 namespace ferry::server {
 namespace {
@@ -69,7 +73,7 @@ absl::StatusOr<bool> BoolParam(const httplib::Request& req, const char* name,
 // optionally followed by "/data" or "/pull".
 struct ObjectTarget {
   std::string name;
-  std::string action;  // "", "data" or "pull"
+  std::string action;  // "" or "data"
 };
 
 absl::StatusOr<ObjectTarget> ParseObjectTarget(const httplib::Request& req) {
@@ -82,7 +86,7 @@ absl::StatusOr<ObjectTarget> ParseObjectTarget(const httplib::Request& req) {
   if (slash != std::string::npos) {
     t.action = raw.substr(slash + 1);
     raw = raw.substr(0, slash);
-    if (t.action != "data" && t.action != "pull") return absl::NotFoundError("no such route");
+    if (t.action != "data") return absl::NotFoundError("no such route");
   }
   t.name = httplib::detail::decode_url(raw, false);
   return t;
@@ -102,11 +106,11 @@ void GetData(Node& node, const std::string& name, const httplib::Request& req,
                                     "registered since the node restarted"));
   }
   // httplib 0.11.4 answers 206 even for a range that starts past the end: refuse it here.
-  const auto size = static_cast<ssize_t>(obj->record.size);
+  const auto size = static_cast<ssize_t>(obj->size);
   for (const auto& [first, last] : req.ranges) {
     if ((first >= 0 && first >= size) || (first < 0 && last == 0) ||
         (first >= 0 && last >= 0 && last < first)) {
-      res.set_header("Content-Range", "bytes */" + std::to_string(obj->record.size));
+      res.set_header("Content-Range", "bytes */" + std::to_string(obj->size));
       WriteError(res, absl::OutOfRangeError("range not satisfiable"));
       res.status = 416;
       return;
@@ -114,10 +118,10 @@ void GetData(Node& node, const std::string& name, const httplib::Request& req,
   }
   auto buffer = node.ReadBuffer(*obj);
   if (!buffer.ok()) return WriteError(res, buffer.status());
-  res.set_header("X-Ferry-Version", std::to_string(obj->record.version));
+  res.set_header("X-Ferry-Version", std::to_string(obj->version));
   res.set_content_provider(
-      obj->record.size, "application/octet-stream",
-      [&node, record = obj->record,
+      obj->size, "application/octet-stream",
+      [&node, record = *obj,
        piece = std::shared_ptr<char>(buffer->release(), buffer->get_deleter())](
           size_t offset, size_t length, httplib::DataSink& sink) {
         const uint64_t n = std::min<uint64_t>(length, PinnedStages::kBytes);
@@ -128,21 +132,24 @@ void GetData(Node& node, const std::string& name, const httplib::Request& req,
 
 // Where PUT /v1/objects/{name}/data puts the bytes: ?device= (default host), ?replace=.
 struct UploadTarget {
-  bool replace = false;
+  PublishOptions publish;
   Device device;
 };
 
 absl::StatusOr<UploadTarget> UploadTargetOf(const httplib::Request& req) {
   UploadTarget to;
-  ASSIGN_OR_RETURN(to.replace, BoolParam(req, "replace"));
+  ASSIGN_OR_RETURN(to.publish.replace, BoolParam(req, "replace"));
+  ASSIGN_OR_RETURN(to.publish.durable, BoolParam(req, "durable", true));
   ASSIGN_OR_RETURN(to.device, Device::Parse(req.has_param("device")
                                                         ? req.get_param_value("device")
                                                         : "host"));
   return to;
 }
 
+// Node-to-node messages (/v1/peer) carry no token: they are sealed under the cluster key
+// the nodes derive from it (wire/auth.h) and checked by the node.
 bool Authorized(const std::string& token, const httplib::Request& req) {
-  return token.empty() || req.path == "/v1/health" ||
+  return token.empty() || req.path == "/v1/health" || req.path == "/v1/peer" ||
          req.get_header_value("Authorization") == "Bearer " + token;
 }
 
@@ -220,7 +227,7 @@ void PutDataAsItArrives(Node& node, const std::string& name, const httplib::Requ
     }
     if (length > max_body) return TooLarge("request body over the limit");
     ASSIGN_OR_RETURN(const UploadTarget to, UploadTargetOf(req));
-    return node.BeginUpload(name, length, to.replace, to.device);
+    return node.BeginUpload(name, length, to.device, to.publish);
   };
   absl::StatusOr<std::unique_ptr<Node::Upload>> upload = begin();
   absl::Status s = upload.status();
@@ -245,7 +252,7 @@ void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res
       if (!version.ok()) return WriteError(res, version.status());
       auto extents = BoolParam(req, "extents", true);
       if (!extents.ok()) return WriteError(res, extents.status());
-      auto view = node.Describe(name, *version);
+      auto view = node.Describe(name, *version, *extents);
       if (!view.ok()) return WriteError(res, view.status());
       return WriteJson(res, ToJson(*view, *extents));
     }
@@ -257,26 +264,88 @@ void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res
     if (m == "PUT") {
       auto body = ParseBody(req);
       if (!body.ok()) return WriteError(res, body.status());
-      auto extents = ExtentsFromJson(body->value("extents", nlohmann::json()));
-      if (!extents.ok()) return WriteError(res, extents.status());
-      auto replace = BoolParam(req, "replace");
-      if (!replace.ok()) return WriteError(res, replace.status());
-      return WriteResponse(res, node.Publish(name, *extents, *replace), 201);
+      absl::StatusOr<Layout> layout = absl::UnknownError("");
+      if (body->contains("extents_raw")) {
+        auto raw = UnpackRawExtents((*body)["extents_raw"].get<std::string>());
+        layout = raw.ok() ? absl::StatusOr<Layout>(Layout(*raw)) : raw.status();
+      } else {
+        layout = LayoutFromJson(body->value("extents", nlohmann::json()), node.options().max_extents);
+      }
+      if (!layout.ok()) return WriteError(res, layout.status());
+      auto to = UploadTargetOf(req);
+      if (!to.ok()) return WriteError(res, to.status());
+      if (body->contains("durable")) {
+        if (!(*body)["durable"].is_boolean()) {
+          return WriteError(res, absl::InvalidArgumentError("\"durable\" must be true or false"));
+        }
+        to->publish.durable = (*body)["durable"].get<bool>();
+      }
+      auto published = node.Publish(name, *layout, to->publish);
+      if (!published.ok()) return WriteError(res, published.status());
+      return WriteJson(res, ToJson(*published), 201);
     }
   } else if (target->action == "data") {
     if (m == "GET") return GetData(node, name, req, res);
     if (m == "PUT") {
       auto to = UploadTargetOf(req);
       if (!to.ok()) return WriteError(res, to.status());
-      return WriteResponse(res, node.PutData(name, req.body, to->replace, to->device), 201);
+      auto put = node.PutData(name, req.body, to->device, to->publish);
+      if (!put.ok()) return WriteError(res, put.status());
+      return WriteJson(res, ToJson(*put), 201);
     }
-  } else if (m == "POST") {  // pull
-    auto body = ParseBody(req);
-    if (!body.ok()) return WriteError(res, body.status());
-    return WriteResponse(res, node.ServePull(name, *body));
   }
   WriteError(res, absl::UnimplementedError(absl::StrCat(m, " is not allowed here")));
   res.status = 405;
+}
+
+// POST /v1/pulls: one pull (an object) answers with its stats; a list of pulls ({"pulls": [..]}
+// or an array) goes in one batch and answers {"results": [...]}, each a stats object or an
+// {"error": ...} of its own.
+void PullsRoute(Node& node, const httplib::Request& req, httplib::Response& res) {
+  auto body = ParseBody(req);
+  const size_t max = node.options().max_extents;
+  if (!body.ok()) return WriteError(res, body.status());
+  auto spec_of = [&](nlohmann::json item) {
+    if (item.is_object() && body->contains("extents_raw") && item.contains("into") &&
+        item["into"].is_object()) {
+      item["into"]["extents_raw"] = (*body)["extents_raw"];
+    }
+    return PullSpecFromJson(item, max);
+  };
+  if (body->contains("pulls")) {
+    const nlohmann::json& list = (*body)["pulls"];
+    if (!list.is_array() || list.empty() || list.size() > 1024) {
+      return WriteError(res, absl::InvalidArgumentError("\"pulls\" must hold 1 to 1024 pulls"));
+    }
+    std::vector<PullSpec> specs;
+    std::vector<absl::Status> refused(list.size());
+    std::vector<size_t> index;
+    for (size_t i = 0; i < list.size(); ++i) {
+      auto spec = PullSpecFromJson(list[i], max);
+      if (!spec.ok()) {
+        refused[i] = spec.status();
+        continue;
+      }
+      index.push_back(i);
+      specs.push_back(*std::move(spec));
+    }
+    auto results = node.PullBatch(specs);
+    nlohmann::json out = nlohmann::json::array();
+    for (size_t i = 0, k = 0; i < list.size(); ++i) {
+      if (!refused[i].ok()) {
+        out.push_back(ErrorBody(refused[i]));
+      } else {
+        const auto& r = results[k++];
+        out.push_back(r.ok() ? ToJson(*r) : ErrorBody(r.status()));
+      }
+    }
+    return WriteJson(res, {{"results", out}});
+  }
+  auto spec = spec_of(*body);
+  if (!spec.ok()) return WriteError(res, spec.status());
+  auto stats = node.Pull(*spec);
+  if (!stats.ok()) return WriteError(res, stats.status());
+  WriteJson(res, ToJson(*stats));
 }
 
 }  // namespace
@@ -312,7 +381,7 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
     WriteJson(res, {{"status", "ok"}});
   });
   server.Get("/v1/node", [&node](const httplib::Request&, httplib::Response& res) {
-    WriteJson(res, node.Info());
+    WriteJson(res, ToJson(node.Info()));
   });
   server.Post("/v1/regions", Guarded(options, Whole([&node](const httplib::Request& req,
                                                             httplib::Response& res) {
@@ -355,44 +424,57 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
     auto objects = node.List(req.get_param_value("prefix"), req.get_param_value("after"), limit);
     if (!objects.ok()) return WriteError(res, objects.status());
     nlohmann::json out = nlohmann::json::array();
-    for (const ObjectView& o : *objects) out.push_back(ToJson(o));
+    for (const ObjectInfo& o : *objects) out.push_back(ToJson(o));
     WriteJson(res, {{"objects", out}});
   });
   server.Post("/v1/pulls", Guarded(options, Whole([&node](const httplib::Request& req,
                                                           httplib::Response& res) {
+    PullsRoute(node, req, res);
+  })));
+  // Prepared destinations: POST {"extents": layout} -> {"handle": H}; DELETE /v1/destinations/H.
+  server.Post("/v1/destinations", Guarded(options, Whole([&node](const httplib::Request& req,
+                                                                 httplib::Response& res) {
     auto body = ParseBody(req);
     if (!body.ok()) return WriteError(res, body.status());
-    auto from = body->find("from");
-    auto object = body->find("object");
-    if (from == body->end() || !from->is_string() || object == body->end() ||
-        !object->is_string()) {
-      return WriteError(res,
-                        absl::InvalidArgumentError("\"from\" and \"object\" must be strings"));
+    auto layout = LayoutFromJson(body->value("extents", nlohmann::json()), node.options().max_extents);
+    if (!layout.ok()) return WriteError(res, layout.status());
+    auto handle = node.PrepareDestination(*layout);
+    if (!handle.ok()) return WriteError(res, handle.status());
+    WriteJson(res, {{"handle", *handle}}, 201);
+  })));
+  server.Delete(R"(/v1/destinations/(\d+))", Guarded(options, Whole([&node](const httplib::Request& req,
+                                                                          httplib::Response& res) {
+    uint64_t handle;
+    if (!absl::SimpleAtoi(req.matches[1].str(), &handle)) {
+      return WriteError(res, absl::InvalidArgumentError("bad handle"));
     }
-    std::optional<uint64_t> version;
-    if (body->contains("version")) {
-      if (!(*body)["version"].is_number_unsigned()) {
-        return WriteError(res, absl::InvalidArgumentError("\"version\" must be unsigned"));
-      }
-      version = (*body)["version"].get<uint64_t>();
+    absl::Status s = node.ReleaseDestination(handle);
+    if (!s.ok()) return WriteError(res, s);
+    WriteJson(res, {{"released", handle}});
+  })));
+  // Node-to-node messages (wire/messages.h), when the fabric cannot carry them: the answer is
+  // the response's body.
+  server.Post("/v1/peer", Guarded(options, Whole([&node](const httplib::Request& req,
+                                                         httplib::Response& res) {
+    struct Answer {
+      absl::Mutex mu;
+      bool done ABSL_GUARDED_BY(mu) = false;
+      std::string body ABSL_GUARDED_BY(mu);
+    };
+    auto answer = std::make_shared<Answer>();
+    node.HandleMessage(req.remote_addr, req.body, [answer](std::string sealed) {
+      absl::MutexLock lock(&answer->mu);
+      if (answer->done) return;
+      answer->done = true;
+      answer->body = std::move(sealed);
+    });
+    absl::MutexLock lock(&answer->mu);
+    auto done = [&answer]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(answer->mu) { return answer->done; };
+    if (!answer->mu.AwaitWithTimeout(absl::Condition(&done), node.options().max_pull_timeout)) {
+      return WriteError(res, absl::DeadlineExceededError("no answer in time"));
     }
-    nlohmann::json into = body->value("into", nlohmann::json{{"device", "host"}});
-    if (body->contains("extents_raw") && into.is_object()) {
-      into["extents_raw"] = std::move((*body)["extents_raw"]);
-    }
-    std::string as = body->contains("as") && (*body)["as"].is_string() ? (*body)["as"].get<std::string>() : "";
-    const bool replace = body->value("replace", false);
-    std::optional<PullPath> path;
-    if (body->contains("path")) {
-      if (!(*body)["path"].is_string()) {
-        return WriteError(res, absl::InvalidArgumentError("\"path\" must be a string"));
-      }
-      auto parsed = ParsePath((*body)["path"].get<std::string>());
-      if (!parsed.ok()) return WriteError(res, parsed.status());
-      path = *parsed;
-    }
-    WriteResponse(res, node.Pull(from->get<std::string>(), object->get<std::string>(), version,
-                                 into, as, replace, path));
+    res.status = 200;
+    res.set_content(answer->body, wire::kMessageContentType);
   })));
   auto objects = [&node](const httplib::Request& req, httplib::Response& res) {
     ObjectRoute(node, req, res);

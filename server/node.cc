@@ -1,18 +1,18 @@
-#include "base/hex.h"
-#include "base/ids.h"
 #include "server/node.h"
-
-#include <httplib.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "engine/fabric.h"
+#include "base/hex.h"
+#include "base/ids.h"
 #include "base/status.h"
+#include "engine/fabric.h"
+#include "server/node_internal.h"
+#include "server/transports.h"
 #include "wire/http_status.h"
 
 namespace ferry::server {
@@ -24,49 +24,40 @@ void FreeOwned(char* p) { std::free(p); }
 
 void FreeCuda(char* p) { engine::CudaFree(p); }
 
+size_t ServeThreads(size_t wanted) {
+  if (wanted > 0) return wanted;
+  return std::max<size_t>(4, std::thread::hardware_concurrency() / 4);
+}
+
 }  // namespace
 
-nlohmann::json ToJson(const RegionInfo& r) {
-  return {{"id", r.id},
-          {"device", r.device.ToString()},
-          {"size", r.size},
-          {"owned", r.owned},
-          {"for_object", r.for_object}};
+PeerAddress NodeInfo::address() const {
+  PeerAddress a{id, {}, bell};
+  for (const engine::RailInfo& r : rails) a.rails.push_back(r.address);
+  return a;
 }
 
-nlohmann::json ToJson(const ObjectView& o, bool with_extents) {
-  nlohmann::json devices = nlohmann::json::array();
-  for (const Device& d : o.devices) devices.push_back(d.ToString());
-  nlohmann::json j = {{"name", o.record.name},   {"version", o.record.version},
-                      {"size", o.record.size},   {"created_ms", o.record.created_ms},
-                      {"detached", o.detached},  {"devices", devices},
-                      {"on_rails", o.on_rails}};
-  if (with_extents) {
-    nlohmann::json extents = nlohmann::json::array();
-    for (const auto& e : o.record.extents) {
-      extents.push_back({{"region", e.region}, {"offset", e.offset}, {"length", e.length}});
-    }
-    j["extents"] = std::move(extents);
-  }
-  return j;
+Node::PullInFlight::PullInFlight(Node* node) : node_(node) {
+  absl::MutexLock lock(&node_->mu_);
+  ++node_->pulls_in_flight_;
 }
 
-nlohmann::json ToJson(const PullStats& s) {
-  nlohmann::json j = {{"object", s.object},   {"version", s.version},
-                      {"bytes", s.bytes},     {"seconds", s.seconds},
-                      {"path", s.path},       {"bytes_per_rail", s.bytes_per_rail},
-                      {"rerouted_writes", s.rerouted_writes}, {"failed_rails", s.failed_rails},
-                      {"rail_seconds", s.rail_seconds},
-                      {"gbps", s.seconds > 0 ? static_cast<double>(s.bytes) * 8 / s.seconds / 1e9
-                                             : 0.0}};
-  if (s.region) j["region"] = *s.region;
-  return j;
+Node::PullInFlight::~PullInFlight() {
+  absl::MutexLock lock(&node_->mu_);
+  --node_->pulls_in_flight_;
+  node_->FreeUnusedLocked(kUnpinGrace);  // what a transfer of this pull kept
 }
+
+Node::Node(const NodeOptions& options) : options_(options), auth_(options.cluster_key) {}
 
 absl::StatusOr<std::unique_ptr<Node>> Node::Open(const NodeOptions& options) {
   if (options.staging_slots == 0 || options.staging_slots > 256 ||
       options.staging_slot_bytes < 4096) {
     return absl::InvalidArgumentError("staging: 1 to 256 slots of at least 4096 bytes");
+  }
+  if (options.peer_transport != "auto" && options.peer_transport != "fabric" &&
+      options.peer_transport != "http") {
+    return absl::InvalidArgumentError("peer transport must be auto, fabric or http");
   }
   std::unique_ptr<Node> node(new Node(options));
   std::error_code ec;
@@ -87,8 +78,12 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Open(const NodeOptions& options) {
     if (user) user(sender, payload);
   };
   ASSIGN_OR_RETURN(node->engine_, engine::Engine::Create(eo));
+  node->self_ = node->engine_->address();
   node->staging_ = std::make_unique<StagingPool>(*node->engine_, options.staging_slots,
                                                  options.staging_slot_bytes);
+  node->fabric_ = MakeFabricTransport(*node->engine_);
+  node->http_ = MakeHttpTransport();
+  node->serve_queue_ = std::make_unique<WorkQueue>(ServeThreads(options.serve_threads));
   return node;
 }
 
@@ -98,45 +93,42 @@ Node::~Node() {
     auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pulls_in_flight_ == 0; };
     mu_.AwaitWithTimeout(absl::Condition(&drained), options_.pull_timeout);
   }
+  serve_queue_.reset();  // no request is served from here on
+  http_.reset();
+  {
+    absl::MutexLock lock(&mu_);
+    prepared_.clear();
+  }
   staging_.reset();
   engine_.reset();  // closes MRs before the buffers they cover go
+  fabric_.reset();
   absl::MutexLock lock(&mu_);
   regions_.clear();
 }
 
-nlohmann::json Node::Info() const {
-  nlohmann::json rails = nlohmann::json::array();
-  for (const engine::RailInfo& r : engine_->rails()) {
-    nlohmann::json rail = {{"provider", r.provider},
-                           {"fabric", r.fabric},
-                           {"domain", r.domain},
-                           {"address", HexEncode(r.address)},
-                           {"tx_depth", r.tx_depth},
-                           {"max_msg_size", r.max_msg_size},
-                           {"iov_limit", r.iov_limit},
-                           {"hmem_cuda", r.hmem_cuda}};
-    if (!r.hmem_cuda) rail["hmem_cuda_error"] = r.hmem_cuda_error;
-    if (!r.placement.empty()) rail["placement"] = r.placement;
-    rails.push_back(std::move(rail));
-  }
-  nlohmann::json devices = {"host"};
-  for (int i = 0; i < engine::CudaDeviceCount(); ++i) {
-    devices.push_back(Device::Cuda(i).ToString());
-  }
-  uint64_t spare = 0;
+void Node::SetTransportsForTesting(std::unique_ptr<PeerTransport> fabric,
+                                   std::unique_ptr<PeerTransport> http) {
+  fabric_ = std::move(fabric);
+  http_ = std::move(http);
+}
+
+NodeInfo Node::Info() const {
+  NodeInfo info;
+  info.id = id();
+  info.version = "0.2.0";
+  info.host = HostId();
+  info.rails = engine_->rails();
+  info.progress_threads = engine_->progress_threads();
+  info.devices.push_back(Device::Host());
+  for (int i = 0; i < engine::CudaDeviceCount(); ++i) info.devices.push_back(Device::Cuda(i));
+  info.cuda_built = engine::CudaBuilt();
   {
     absl::ReaderMutexLock lock(&mu_);
-    spare = spare_total_;
+    info.spare_bytes = spare_total_;
   }
-  return {{"id", id()},
-          {"version", "0.1.0"},
-          {"host", HostId()},
-          {"rails", rails},
-          {"progress_threads", engine_->progress_threads()},
-          {"devices", devices},
-          {"cuda_built", engine::CudaBuilt()},
-          {"spare_bytes", spare},
-          {"bell", HexEncode(engine_->bell_address())}};
+  info.bell = engine_->bell_address();
+  info.sealed = auth_.enabled();
+  return info;
 }
 
 absl::StatusOr<RegionInfo> Node::AllocateRegion(Device device, uint64_t size,
@@ -206,6 +198,10 @@ absl::Status Node::DeleteRegion(uint64_t id) {
   if (size_t users = catalog_->RegionUsers(id); users > 0) {
     return Conflict(absl::StrCat("region ", id, " is used by ", users, " object version(s)"));
   }
+  if (it->second.prepared > 0) {
+    return Conflict(absl::StrCat("region ", id, " is under ", it->second.prepared,
+                                 " prepared destination(s)"));
+  }
   return FreeRegionLocked(it, absl::Now() + kUnpinGrace);
 }
 
@@ -253,19 +249,21 @@ std::vector<RegionInfo> Node::Regions() {
 
 bool Node::Attached(const metadata::ObjectRecord& r) const { return AllRegistered(r.extents); }
 
-absl::StatusOr<ObjectView> Node::Publish(const std::string& name,
-                                         const std::vector<Extent>& extents,
-                                         bool replace) {
+absl::StatusOr<ObjectInfo> Node::Publish(const std::string& name, const Layout& layout,
+                                         const PublishOptions& options) {
   RETURN_IF_ERROR(metadata::ValidateObjectName(name));
-  if (extents.empty()) return absl::InvalidArgumentError("an object needs at least one extent");
-  if (extents.size() > options_.max_extents) {
-    return TooLarge(absl::StrCat(extents.size(), " extents; the limit is ", options_.max_extents));
+  if (layout.empty()) return absl::InvalidArgumentError("an object needs at least one extent");
+  if (layout.pieces() > options_.max_extents) {
+    return TooLarge(absl::StrCat(layout.pieces(), " extents; the limit is ", options_.max_extents));
   }
+  for (const Layout::Run& r : layout.runs()) {
+    if (r.piece == 0) return absl::InvalidArgumentError("an extent has length 0");
+  }
+  const std::vector<Extent> extents = layout.Expand();
   absl::MutexLock lock(&mu_);
   for (const Extent& e : extents) {
     auto it = regions_.find(e.region);
     if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", e.region));
-    if (e.length == 0) return absl::InvalidArgumentError("an extent has length 0");
     if (!InBounds(e.offset, e.length, it->second.info.size)) {
       return absl::InvalidArgumentError(absl::StrCat("extent [", e.offset, ", +", e.length,
                                                      ") is outside region ", e.region, " of ",
@@ -273,13 +271,14 @@ absl::StatusOr<ObjectView> Node::Publish(const std::string& name,
     }
   }
   std::set<uint64_t> released;
-  ASSIGN_OR_RETURN(metadata::ObjectRecord r, catalog_->Publish(name, extents, replace, &released));
+  ASSIGN_OR_RETURN(metadata::ObjectRecord r, catalog_->Publish(name, extents, options.replace,
+                                                               &released, options.durable));
   ReleaseLocked(released);
-  return View(std::move(r));
+  return View(r, /*with_extents=*/true);
 }
 
-ObjectView Node::View(metadata::ObjectRecord r) const {
-  ObjectView v;
+ObjectInfo Node::View(const metadata::ObjectRecord& r, bool with_extents) const {
+  ObjectInfo v;
   v.detached = !Attached(r);
   for (const Extent& e : r.extents) {
     auto it = regions_.find(e.region);
@@ -289,23 +288,28 @@ ObjectView Node::View(metadata::ObjectRecord r) const {
     }
     if (it->second.engine_id == 0) v.on_rails = false;
   }
-  v.record = std::move(r);
+  v.name = r.name;
+  v.version = r.version;
+  v.size = r.size;
+  v.created_ms = r.created_ms;
+  v.durable = r.durable;
+  if (with_extents) v.extents = r.extents;
   return v;
 }
 
-absl::StatusOr<ObjectView> Node::Describe(const std::string& name,
-                                          std::optional<uint64_t> version) const {
-  ASSIGN_OR_RETURN(metadata::ObjectRecord r, catalog_->Get(name, version));
+absl::StatusOr<ObjectInfo> Node::Describe(const std::string& name, std::optional<uint64_t> version,
+                                          bool with_extents) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<const metadata::ObjectRecord> r, catalog_->Get(name, version));
   absl::ReaderMutexLock lock(&mu_);
-  return View(std::move(r));
+  return View(*r, with_extents);
 }
 
-absl::StatusOr<std::vector<ObjectView>> Node::List(const std::string& prefix,
+absl::StatusOr<std::vector<ObjectInfo>> Node::List(const std::string& prefix,
                                                    const std::string& after, size_t limit) const {
   ASSIGN_OR_RETURN(auto records, catalog_->List(prefix, after, limit));
   absl::ReaderMutexLock lock(&mu_);
-  std::vector<ObjectView> out;
-  for (auto& r : records) out.push_back(View(std::move(r)));
+  std::vector<ObjectInfo> out;
+  for (const auto& r : records) out.push_back(View(r, /*with_extents=*/true));
   return out;
 }
 
@@ -343,15 +347,15 @@ void Node::FreeUnusedLocked(absl::Duration grace) {
 }
 
 absl::StatusOr<std::unique_ptr<Node::Upload>> Node::BeginUpload(const std::string& name,
-                                                                uint64_t size, bool replace,
-                                                                Device device) {
+                                                                uint64_t size, Device device,
+                                                                const PublishOptions& options) {
   RETURN_IF_ERROR(metadata::ValidateObjectName(name));
   if (size == 0) return absl::InvalidArgumentError("an object needs at least one byte");
-  if (!replace && catalog_->Get(name).ok()) {
+  if (!options.replace && catalog_->Get(name).ok()) {
     return absl::AlreadyExistsError(absl::StrCat("object '", name, "' exists"));
   }
   ASSIGN_OR_RETURN(RegionInfo region, AllocateRegion(device, size, true));
-  return std::unique_ptr<Upload>(new Upload(this, name, std::move(region), replace));
+  return std::unique_ptr<Upload>(new Upload(this, name, std::move(region), options));
 }
 
 Node::Upload::~Upload() {
@@ -392,20 +396,21 @@ absl::Status Node::Upload::Flush() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ObjectView> Node::Upload::Finish() {
+absl::StatusOr<ObjectInfo> Node::Upload::Finish() {
   if (written_ != region_.size) {
     return absl::InvalidArgumentError(absl::StrCat("the body ended after ", written_, " of the ",
                                                    region_.size, " bytes announced"));
   }
   RETURN_IF_ERROR(Flush());
-  ASSIGN_OR_RETURN(ObjectView view, node_->Publish(name_, {{region_.id, 0, region_.size}}, replace_));
+  ASSIGN_OR_RETURN(ObjectInfo view,
+                   node_->Publish(name_, Layout({{region_.id, 0, region_.size}}), options_));
   published_ = true;
   return view;
 }
 
-absl::StatusOr<ObjectView> Node::PutData(const std::string& name, std::string_view bytes,
-                                         bool replace, Device device) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Upload> upload, BeginUpload(name, bytes.size(), replace, device));
+absl::StatusOr<ObjectInfo> Node::PutData(const std::string& name, std::string_view bytes,
+                                         Device device, const PublishOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Upload> upload, BeginUpload(name, bytes.size(), device, options));
   RETURN_IF_ERROR(upload->Append(bytes.data(), bytes.size()));
   return upload->Finish();
 }
@@ -421,14 +426,14 @@ absl::Status Node::CopyIntoRegion(uint64_t id, uint64_t offset, const char* src,
   return CopyBytes(it->second.addr + offset, src, n, it->second.info.device);
 }
 
-absl::Status Node::ReadData(const metadata::ObjectRecord& object, uint64_t offset,
-                            uint64_t length, char* out) const {
+absl::Status Node::ReadData(const ObjectInfo& object, uint64_t offset, uint64_t length,
+                            char* out) const {
   if (!InBounds(offset, length, object.size)) {
     return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", +", length,
                                               ") are past the end of ", object.size));
   }
   absl::ReaderMutexLock lock(&mu_);
-  if (!Attached(object)) {
+  if (!AllRegistered(object.extents)) {
     return Conflict(absl::StrCat("object '", object.name,
                                  "' is detached: its regions are not registered"));
   }
@@ -440,7 +445,7 @@ absl::Status Node::ReadData(const metadata::ObjectRecord& object, uint64_t offse
   return absl::OkStatus();
 }
 
-absl::StatusOr<PinnedStages::Buffer> Node::ReadBuffer(const ObjectView& object) {
+absl::StatusOr<PinnedStages::Buffer> Node::ReadBuffer(const ObjectInfo& object) {
   if (std::any_of(object.devices.begin(), object.devices.end(), [](const Device& d) {
         return d.kind == Device::Kind::kCuda;
       })) {
@@ -471,21 +476,124 @@ bool Node::AllRegistered(const std::vector<Extent>& extents) const {
 
 RegionDescriptor Node::DescriptorOf(const Region& r) const {
   RegionDescriptor d;
-  if (r.engine_id != 0) {
-    d = engine_->Describe(r.engine_id).value();
-  } else {
-    d.node = id();
-    d.addr = reinterpret_cast<uint64_t>(r.addr);
-    d.length = r.info.size;
-    d.device = r.info.device;
-  }
-  if (r.info.device.kind == Device::Kind::kCuda) {
+  d.node = id();
+  d.addr = reinterpret_cast<uint64_t>(r.addr);
+  d.length = r.info.size;
+  d.device = r.info.device;
+  if (r.info.device.is_cuda()) {
     d.host = HostId();
     d.ipc_handle = r.ipc.handle;
     d.ipc_offset = r.ipc.offset;
     d.ipc_gpu = r.ipc.gpu;
   }
   return d;
+}
+
+absl::StatusOr<uint64_t> Node::CheckDestination(const std::vector<Extent>& extents) const {
+  if (extents.empty()) return absl::InvalidArgumentError("a pull needs somewhere to go");
+  if (extents.size() > options_.max_extents) {
+    return TooLarge(absl::StrCat(extents.size(), " extents; the limit is ", options_.max_extents));
+  }
+  struct Span {
+    uint64_t region, start, end;
+  };
+  std::vector<Span> spans;
+  spans.reserve(extents.size());
+  uint64_t total = 0;
+  const Region* last = nullptr;
+  uint64_t last_id = 0;
+  for (const Extent& e : extents) {
+    if (last == nullptr || last_id != e.region) {
+      auto it = regions_.find(e.region);
+      if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", e.region));
+      if (catalog_->RegionUsers(e.region) > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "region ", e.region, " holds a published object version: versions are immutable"));
+      }
+      last = &it->second;
+      last_id = e.region;
+    }
+    if (e.length == 0 || !InBounds(e.offset, e.length, last->info.size)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("extent [", e.offset, ", +", e.length, ") is empty or outside region ",
+                       e.region, " of ", last->info.size, " bytes"));
+    }
+    if (total + e.length < total) return absl::InvalidArgumentError("extents overflow 2^64 bytes");
+    total += e.length;
+    spans.push_back({e.region, e.offset, e.offset + e.length});
+  }
+  // Pieces of one destination must not overlap: the bytes of two would race.
+  bool sorted = true;
+  for (size_t i = 1; i < spans.size() && sorted; ++i) {
+    sorted = spans[i - 1].region < spans[i].region ||
+             (spans[i - 1].region == spans[i].region && spans[i - 1].end <= spans[i].start);
+  }
+  if (!sorted) {
+    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+      return a.region != b.region ? a.region < b.region : a.start < b.start;
+    });
+    for (size_t i = 1; i < spans.size(); ++i) {
+      if (spans[i].region == spans[i - 1].region && spans[i].start < spans[i - 1].end) {
+        return absl::InvalidArgumentError("destination extents overlap");
+      }
+    }
+  }
+  return total;
+}
+
+absl::StatusOr<uint64_t> Node::PrepareDestination(const Layout& layout) {
+  if (layout.pieces() > options_.max_extents) {
+    return TooLarge(absl::StrCat(layout.pieces(), " pieces; the limit is ", options_.max_extents));
+  }
+  auto p = std::make_shared<Prepared>();
+  p->pieces.reserve(layout.pieces());
+  layout.ForEach([&](const Extent& e) { p->pieces.push_back(e); });
+  std::vector<uint64_t> regions;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(p->size, CheckDestination(p->pieces));
+    for (const Extent& e : p->pieces) {
+      if (std::find(regions.begin(), regions.end(), e.region) == regions.end()) {
+        regions.push_back(e.region);
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(p->windows, OpenWindows(p->pieces));
+  absl::MutexLock lock(&mu_);
+  for (uint64_t r : regions) {
+    auto it = regions_.find(r);
+    if (it == regions_.end()) {
+      CloseWindows(p->windows.ids, /*wait=*/true);
+      return absl::NotFoundError(absl::StrCat("region ", r, " went meanwhile"));
+    }
+    ++it->second.prepared;
+  }
+  p->regions = std::move(regions);
+  p->handle = next_prepared_++;
+  prepared_.emplace(p->handle, p);
+  return p->handle;
+}
+
+absl::Status Node::ReleaseDestination(uint64_t handle) {
+  std::shared_ptr<Prepared> p;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = prepared_.find(handle);
+    if (it == prepared_.end()) {
+      return absl::NotFoundError(absl::StrCat("no prepared destination ", handle));
+    }
+    if (it->second->running.load() > 0) {
+      return Conflict(absl::StrCat("prepared destination ", handle, " has a pull running"));
+    }
+    p = it->second;
+    prepared_.erase(it);
+    for (uint64_t r : p->regions) {
+      auto region = regions_.find(r);
+      if (region != regions_.end()) --region->second.prepared;
+    }
+  }
+  CloseWindows(p->windows.ids, /*wait=*/true);
+  return absl::OkStatus();
 }
 
 }  // namespace ferry::server

@@ -1,11 +1,14 @@
-// ferry::Node: engine + catalog + regions; what ferryd and embedding programs run. The HTTP
-// routes (http_api.h) call these methods. Thread-safe.
+// ferry::server::Node: engine + catalog + regions, as a typed C++ API with no HTTP and no JSON
+// inside; what ferryd and embedding programs run. Other nodes are reached through peer
+// transports (peer.h): control messages over the rails in production, HTTP when the fabric
+// cannot reach a peer. Thread-safe.
 #ifndef FERRY_SERVER_NODE_H_
 #define FERRY_SERVER_NODE_H_
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -14,14 +17,21 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/cuda.h"
 #include "engine/engine.h"
+#include "ferry/layout.h"
+#include "ferry/pull.h"
+#include "ferry/types.h"
 #include "metadata/catalog.h"
-#include "nlohmann/json.hpp"
 #include "server/paths.h"
+#include "server/peer.h"
+#include "server/work_queue.h"
+#include "wire/auth.h"
+#include "wire/messages.h"
 
 namespace ferry::server {
 
@@ -31,21 +41,29 @@ struct NodeOptions {
   std::string data_dir = "./ferry-data";
   // Sync the catalog's log on every change. Default: true.
   bool sync = true;
-  // Most extents one request may carry. Default: 65536.
+  // Most pieces one request, layout or object may carry. Default: 65536.
   size_t max_extents = 65536;
   // Versions kept per object name (metadata::CatalogOptions::keep_versions); the buffers the
   // node allocated for the ones it drops are freed. 0: every version. Default: 0.
   size_t keep_versions = 0;
   // Bytes of freed buffers kept for reuse: a buffer the node allocated for an object version
   // that went is kept (off the rails) for the next upload or pull of the same size into the
-  // same device, which then takes it instead of new memory (the first touch of which costs
-  // most of a pull into a new buffer on a machine whose memory is cold). Oldest go first when
-  // full. 0: none. Default: 0.
+  // same device, which then takes it instead of new memory. Oldest go first when full. 0:
+  // none. Default: 0.
   uint64_t spare_bytes = 0;
-  // Deadline of a pull that names none. Default: 60 s.
+  // Deadline of a pull that names none, and the longest one may name. Defaults: 60 s, 1 h.
   absl::Duration pull_timeout = absl::Seconds(60);
-  // Bearer token sent with requests this node makes to other nodes. Default: none.
-  std::string peer_token;
+  absl::Duration max_pull_timeout = absl::Hours(1);
+  // The key node-to-node messages are sealed and checked with (wire::MessageAuth); nodes
+  // configured with a bearer token use one derived from it. Empty: messages go unsealed.
+  // Default: empty.
+  std::string cluster_key;
+  // How this node asks other nodes: "auto" (over the fabric, HTTP when the fabric cannot
+  // reach the peer), "fabric" or "http". Default: "auto".
+  std::string peer_transport = "auto";
+  // Threads that serve other nodes' requests (source side). 0: a quarter of the CPUs, at
+  // least 4. Default: 0.
+  size_t serve_threads = 0;
   // The staged path's rings: slots per ring and bytes per slot. Default: 8 x 4 MiB.
   size_t staging_slots = 8;
   uint64_t staging_slot_bytes = uint64_t{4} << 20;
@@ -61,30 +79,51 @@ struct RegionInfo {
   bool for_object = false;
 };
 
-struct ObjectView {
-  metadata::ObjectRecord record;
-  bool detached = false;  // a region of its layout is not registered (since a restart)
-  std::vector<Device> devices;  // where its extents live, each once
-  bool on_rails = true;  // every region of its layout is registered on the rails
+// What GET /v1/node says of a node, and what first contact learns of a peer.
+struct NodeInfo {
+  std::string id;
+  std::string version;
+  std::string host;  // HostId()
+  std::vector<engine::RailInfo> rails;
+  size_t progress_threads = 0;
+  std::vector<Device> devices;
+  bool cuda_built = false;
+  uint64_t spare_bytes = 0;
+  std::string bell;  // raw endpoint name; empty when the engine has none
+  bool sealed = false;  // node-to-node messages carry a MAC under a cluster key
+  PeerAddress address() const;
 };
 
-struct PullStats {
-  std::string object;
-  uint64_t version = 0;
-  uint64_t bytes = 0;
-  double seconds = 0;
-  std::vector<uint64_t> bytes_per_rail;
-  uint64_t rerouted_writes = 0;     // sent again on another rail after theirs failed
-  std::vector<size_t> failed_rails;  // the source's rails that failed during the pull
-  std::string path = "rdma";
-  std::optional<uint64_t> region;  // the new buffer, for pulls into one
-  std::vector<double> rail_seconds;  // per source rail: its last delivery completion
+struct PublishOptions {
+  // Make a new version when the name exists (else kAlreadyExists). Default: false.
+  bool replace = false;
+  // Written to the catalog on disk and kept across restarts. false: kept in memory only (no
+  // fsync; KV pages), listed and pulled like any other, gone at restart. Default: true.
+  bool durable = true;
 };
 
-nlohmann::json ToJson(const RegionInfo& r);
-// Without extents: what a pulling node needs (size, devices, on_rails), cheap for big layouts.
-nlohmann::json ToJson(const ObjectView& o, bool with_extents = true);
-nlohmann::json ToJson(const PullStats& s);
+// A pull under way. Thread-safe.
+class PullHandle {
+ public:
+  ~PullHandle();
+  // Waits until the pull ends or `deadline` passes (kDeadlineExceeded; the pull goes on).
+  // The pull's own failures: as Node::Pull.
+  absl::StatusOr<PullStats> Wait(absl::Time deadline = absl::InfiniteFuture());
+  // True once Wait would return at once.
+  bool Done();
+  // Stops the pull: returns once no WRITE of it can land in this node's memory any more (the
+  // source confirmed it, or the windows it wrote through are closed), with the pull's
+  // end (kCancelled when the cancel came first).
+  absl::StatusOr<PullStats> Cancel();
+  uint64_t id() const { return id_; }
+
+ private:
+  friend class Node;
+  struct State;
+  PullHandle(uint64_t id, std::shared_ptr<State> state) : id_(id), state_(std::move(state)) {}
+  const uint64_t id_;
+  std::shared_ptr<State> state_;  // shared with the transport's answer callback
+};
 
 class Node {
  public:
@@ -92,36 +131,42 @@ class Node {
   static absl::StatusOr<std::unique_ptr<Node>> Open(const NodeOptions& options);
   // Drains in-flight pulls (they finish or fail), then closes the engine and the catalog.
   ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
 
   const std::string& id() const { return catalog_->node_id(); }
-  nlohmann::json Info() const;
+  NodeInfo Info() const;
   engine::Engine& engine() { return *engine_; }
+  const NodeOptions& options() const { return options_; }
 
+  // --- Regions. ---
   // A buffer the node allocates and registers, zeroed; `for_object` (an upload or a pull into
   // a new buffer, which writes every byte before it publishes) may take a spare instead, not
-  // zeroed. kInvalidArgument: size 0 or over the limit of 1 TiB. kUnimplemented: a device
-  // this build cannot allocate.
-  absl::StatusOr<RegionInfo> AllocateRegion(Device device, uint64_t size,
-                                            bool for_object = false);
+  // zeroed. kInvalidArgument: size 0 or over 1 TiB. kUnimplemented: a device this build
+  // cannot allocate.
+  absl::StatusOr<RegionInfo> AllocateRegion(Device device, uint64_t size, bool for_object = false);
   // The caller's memory, registered until DeleteRegion; the caller keeps it valid till then.
   absl::StatusOr<RegionInfo> RegisterRegion(void* addr, uint64_t size, Device device);
-  // kNotFound: unknown region. kFailedPrecondition (409): an object uses it.
+  // kNotFound: unknown region. kFailedPrecondition (409): an object or a prepared destination
+  // uses it.
   absl::Status DeleteRegion(uint64_t id);
   // Frees first what `unused_` holds (see FreeUnusedLocked).
   std::vector<RegionInfo> Regions();
 
-  // kInvalidArgument: bad name, no extents, an empty or out-of-bounds extent. kNotFound: an
-  // unknown region. kAlreadyExists: the name is taken and `replace` is false.
-  // kResourceExhausted (413): too many extents.
-  absl::StatusOr<ObjectView> Publish(const std::string& name,
-                                     const std::vector<Extent>& extents,
-                                     bool replace);
-  absl::StatusOr<ObjectView> Describe(const std::string& name,
-                                      std::optional<uint64_t> version = std::nullopt) const;
-  absl::StatusOr<std::vector<ObjectView>> List(const std::string& prefix,
+  // --- Objects. ---
+  // kInvalidArgument: bad name, an empty layout, an empty or out-of-bounds piece.
+  // kNotFound: an unknown region. kAlreadyExists: the name is taken and not `replace`.
+  // kResourceExhausted (413): too many pieces.
+  absl::StatusOr<ObjectInfo> Publish(const std::string& name, const Layout& layout,
+                                     const PublishOptions& options = {});
+  // kNotFound: no such name or version.
+  absl::StatusOr<ObjectInfo> Describe(const std::string& name,
+                                      std::optional<uint64_t> version = std::nullopt,
+                                      bool with_extents = true) const;
+  absl::StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix,
                                                const std::string& after, size_t limit) const;
   // Every version of `name`; the regions allocated for it that no version uses any more go
-  // too (at once, or when the transfers that still read them end).
+  // too (at once, or when the transfers that still read them end). kNotFound: no such name.
   absl::Status Delete(const std::string& name);
   // The bytes of one object upload (PUT /v1/objects/{name}/data), copied in order as they
   // arrive into the buffer the node allocated for them, and published by Finish. An upload
@@ -134,56 +179,84 @@ class Node {
     // kOutOfRange: more bytes than announced. kNotFound: the buffer was deleted meanwhile.
     absl::Status Append(const char* data, size_t n);
     // kInvalidArgument: fewer bytes than announced; then as Publish.
-    absl::StatusOr<ObjectView> Finish();
+    absl::StatusOr<ObjectInfo> Finish();
 
    private:
     friend class Node;
-    Upload(Node* node, std::string name, RegionInfo region, bool replace)
-        : node_(node), name_(std::move(name)), region_(std::move(region)), replace_(replace) {}
+    Upload(Node* node, std::string name, RegionInfo region, PublishOptions options)
+        : node_(node), name_(std::move(name)), region_(std::move(region)), options_(options) {}
     // GPU memory: the bytes staged in pinned memory since the last copy go to the device.
     absl::Status Flush();
 
     Node* node_;
     std::string name_;
     RegionInfo region_;
-    bool replace_;
+    PublishOptions options_;
     uint64_t written_ = 0;  // bytes appended, staged ones included
     PinnedStages::Buffer stage_;  // GPU memory: taken at the first Append
     size_t staged_ = 0;           // bytes in stage_ not yet copied to the device
     bool published_ = false;
   };
   // Allocates `size` bytes on `device` for an upload of `name`. kInvalidArgument: a bad name,
-  // size 0 (or as AllocateRegion). kAlreadyExists: the name is taken and `replace` is false.
+  // size 0 (or as AllocateRegion). kAlreadyExists: the name is taken and not `replace`.
   absl::StatusOr<std::unique_ptr<Upload>> BeginUpload(const std::string& name, uint64_t size,
-                                                      bool replace, Device device);
+                                                      Device device,
+                                                      const PublishOptions& options = {});
   // BeginUpload, Append, Finish with `bytes`.
-  absl::StatusOr<ObjectView> PutData(const std::string& name, std::string_view bytes,
-                                     bool replace, Device device = Device::Host());
-  // Copies bytes [offset, offset + length) of the object to `out`.
-  // kFailedPrecondition (409): detached. kOutOfRange: past the end.
-  absl::Status ReadData(const metadata::ObjectRecord& object, uint64_t offset, uint64_t length,
+  absl::StatusOr<ObjectInfo> PutData(const std::string& name, std::string_view bytes,
+                                     Device device = Device::Host(),
+                                     const PublishOptions& options = {});
+  // Copies bytes [offset, offset + length) of object version `object` to `out`.
+  // kFailedPrecondition (409): detached. kOutOfRange: past the end. kNotFound: gone.
+  absl::Status ReadData(const ObjectInfo& object, uint64_t offset, uint64_t length,
                         char* out) const;
   // A buffer of PinnedStages::kBytes to read `object` through with ReadData: pinned when any
   // of it is on a GPU.
-  absl::StatusOr<PinnedStages::Buffer> ReadBuffer(const ObjectView& object);
+  absl::StatusOr<PinnedStages::Buffer> ReadBuffer(const ObjectInfo& object);
 
-  // Source side of a pull: `request` is the body of POST /v1/objects/{name}/pull (see
-  // README, "HTTP API"). kInvalidArgument: anything malformed, sizes that differ, overlapping
-  // destination extents. kNotFound: no such object. kFailedPrecondition (409): detached.
-  // kUnavailable: the destination cannot be reached. kDeadlineExceeded: the deadline passed.
-  absl::StatusOr<PullStats> ServePull(const std::string& name, const nlohmann::json& request);
+  // --- Prepared destinations. ---
+  // Registers `layout` (over this node's regions, pieces disjoint) as a destination that pulls
+  // name by handle, filling all its pieces or those they list by index: its windows stay open
+  // and sources keep its descriptors until ReleaseDestination. kInvalidArgument / kNotFound /
+  // kResourceExhausted: as a pull's layout.
+  absl::StatusOr<uint64_t> PrepareDestination(const Layout& layout);
+  // kNotFound: no such handle. kFailedPrecondition (409): a pull into it runs.
+  absl::Status ReleaseDestination(uint64_t handle);
 
-  // Destination side: asks the node at `from` (http://host:port) to pull `name` into this
-  // node, either into a new buffer (`into` = {"device": "host"}; the result is then
-  // published here as `as`, default `name`) or into its own extents
-  // (`into` = {"extents": [{"region":R,"offset":O,"length":L}, ...]}). The path is chosen
-  // (ChoosePath) unless `path` forces one; the source refuses a path that cannot work.
-  absl::StatusOr<PullStats> Pull(const std::string& from, const std::string& name,
-                                 std::optional<uint64_t> version, const nlohmann::json& into,
-                                 const std::string& as, bool replace,
-                                 std::optional<PullPath> path = std::nullopt);
+  // --- Pulls, destination side. ---
+  // Pulls `spec.object` from the node at `spec.from`. kInvalidArgument: a bad spec, sizes
+  // that differ, destination pieces that overlap or lie in an object's buffer (published
+  // versions are immutable). kNotFound: no such object there, or an unknown region here.
+  // kFailedPrecondition (409): the object is detached there. kAlreadyExists: `as` is taken.
+  // kUnavailable: the source cannot be reached, or every rail between the nodes failed.
+  // kDeadlineExceeded: the pull's deadline passed.
+  absl::StatusOr<PullStats> Pull(const PullSpec& spec);
+  // The same, returning once the request is on its way (first contact with a node, and the
+  // object's size for a pull into a new buffer, are asked for before it returns).
+  absl::StatusOr<std::unique_ptr<PullHandle>> PullAsync(const PullSpec& spec);
+  // Pulls in one call: each item's result, in order (a failed item does not stop the others).
+  std::vector<absl::StatusOr<PullStats>> PullBatch(const std::vector<PullSpec>& specs);
+
+  // --- Serving other nodes. ---
+  // A message from another node, as a transport received it (sealed when a cluster key is
+  // set); `reply` is called once with the sealed answer, or not at all for messages that
+  // want none. `transport` says how answers travel: over the fabric a reply to a sender this
+  // node has not met adds it as a peer.
+  using Reply = std::function<void(std::string)>;
+  void HandleMessage(std::string_view sender, std::string sealed, Reply reply);
+
+  // For tests: replaces how this node reaches other nodes.
+  void SetTransportsForTesting(std::unique_ptr<PeerTransport> fabric,
+                               std::unique_ptr<PeerTransport> http);
 
  private:
+  friend class PullHandle;
+  struct PullTarget;
+  struct Session;
+  struct ServedPull;
+  struct Prepared;
+  struct Windows;
+  struct RdmaPull;
   // Memory the node allocated, with the function that frees it (null: the caller's memory).
   using OwnedMemory = std::unique_ptr<char, void (*)(char*)>;
   struct Region {
@@ -192,6 +265,7 @@ class Node {
     engine::RegionId engine_id = 0;  // 0: not on the rails (GPU memory the provider lacks)
     engine::CudaIpcExport ipc;       // GPU memory: how processes on this host map it
     OwnedMemory owned{nullptr, nullptr};
+    int prepared = 0;                // prepared destinations over it
   };
   // Credits of one staged pull this node serves: per destination slot, the last chunk the
   // destination has copied out of it.
@@ -199,23 +273,11 @@ class Node {
     absl::Mutex mu;
     std::vector<int64_t> freed ABSL_GUARDED_BY(mu);
   };
-  // Destination extents of a pull as the source checked them.
-  struct PullTarget {
-    std::vector<RegionDescriptor> regions;
-    std::vector<Extent> extents;  // region = index into `regions`
-  };
   // Counts a pull (either side) while it runs; ~Node waits for none.
   class PullInFlight {
    public:
-    explicit PullInFlight(Node* node) : node_(node) {
-      absl::MutexLock lock(&node_->mu_);
-      ++node_->pulls_in_flight_;
-    }
-    ~PullInFlight() {
-      absl::MutexLock lock(&node_->mu_);
-      --node_->pulls_in_flight_;
-      node_->FreeUnusedLocked(kUnpinGrace);  // what a transfer of this pull kept
-    }
+    explicit PullInFlight(Node* node);
+    ~PullInFlight();
     PullInFlight(const PullInFlight&) = delete;
     PullInFlight& operator=(const PullInFlight&) = delete;
 
@@ -225,30 +287,21 @@ class Node {
   // How long freeing a region waits for a transfer that has just ended to let go of it (its
   // progress thread does so a moment after the transfer's Wait returns).
   static constexpr absl::Duration kUnpinGrace = absl::Milliseconds(20);
-  explicit Node(const NodeOptions& options) : options_(options) {}
+  explicit Node(const NodeOptions& options);
+
   bool Attached(const metadata::ObjectRecord& r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  ObjectView View(metadata::ObjectRecord r) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  ObjectInfo View(const metadata::ObjectRecord& r, bool with_extents) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   RegionDescriptor DescriptorOf(const Region& r) const;
   // The object bytes of `extents` (over this node's regions) as local spans. kNotFound: a
   // region that is not registered.
-  absl::StatusOr<std::vector<Span>> SpansOf(const std::vector<Extent>& extents)
-      const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  bool AllRegistered(const std::vector<Extent>& extents) const
+  absl::StatusOr<std::vector<Span>> SpansOf(const std::vector<Extent>& extents) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  void OnControl(std::string_view sender, std::string_view payload);
-  absl::StatusOr<PullTarget> ParsePullTarget(const nlohmann::json& req, uint64_t size) const;
-  absl::StatusOr<PullStats> ServeRdma(const metadata::ObjectRecord& object, PullTarget target,
-                                      engine::PeerId peer, absl::Time deadline);
-  absl::StatusOr<PullStats> ServeIpc(const metadata::ObjectRecord& object,
-                                     const PullTarget& target);
-  absl::StatusOr<PullStats> ServeStaged(const metadata::ObjectRecord& object,
-                                        const PullTarget& target, engine::PeerId peer,
-                                        const nlohmann::json& staging, absl::Time deadline);
-  // Destination side of the staged path: copies each chunk out of `ring` into `local` as its
-  // immediate lands, and gives the slot back to the source. Stops early when `*stop` is set.
-  absl::Status ReceiveStaged(const std::vector<Extent>& local, uint64_t size,
-                             StagingRing& ring, uint32_t tag, engine::PeerId source,
-                             absl::Time deadline, const std::atomic<bool>* stop);
+  bool AllRegistered(const std::vector<Extent>& extents) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Checks `extents` against this node's regions as a destination: registered, in bounds,
+  // not empty, disjoint, in no published object's buffer. Sum of their bytes.
+  absl::StatusOr<uint64_t> CheckDestination(const std::vector<Extent>& extents) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::StatusOr<RegionInfo> AddRegion(char* addr, uint64_t size, Device device,
                                        OwnedMemory owned, bool for_object);
   // Deregisters the region from the rails (waiting until `deadline` for a transfer to let go
@@ -269,11 +322,114 @@ class Node {
   void ReleaseLocked(const std::set<uint64_t>& released) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Copies `n` bytes from `src` to `offset` of region `id`. kNotFound: no such region.
   absl::Status CopyIntoRegion(uint64_t id, uint64_t offset, const char* src, uint64_t n);
-  absl::StatusOr<engine::PeerId> PeerFor(const nlohmann::json& request, absl::Time deadline);
+
+  // --- Destination side (node_pull.cc). ---
+  // The session with the node at `url`: first contact over HTTP when there is none.
+  absl::StatusOr<std::shared_ptr<Session>> SessionFor(const std::string& url,
+                                                      absl::Time deadline);
+  void DropSession(const std::shared_ptr<Session>& session);
+  // Sends `type` with `body` to the session's node as request `id`; `done` gets its answer.
+  void Call(const std::shared_ptr<Session>& session, wire::MessageType type, uint64_t id,
+            std::string body, absl::Time deadline,
+            std::function<void(absl::StatusOr<wire::Envelope>)> done);
+  // The same, waiting.
+  absl::StatusOr<wire::Envelope> CallAndWait(const std::shared_ptr<Session>& session,
+                                             wire::MessageType type, std::string body,
+                                             absl::Time deadline);
+  // Sends a sealed message to the session's node: over the fabric, or HTTP when no rail
+  // carries it (peer_transport "auto"), or as the session says.
+  void Transmit(const std::shared_ptr<Session>& session, std::string sealed, absl::Time deadline,
+                std::function<void(absl::StatusOr<std::string>)> sent);
+  // How long a question over the fabric waits for its answer before it goes over HTTP.
+  absl::Duration FabricAnswerTime() const;
+  // A transport's word on request `id`: its answer (HTTP), nothing yet (the fabric), or why
+  // it could not go.
+  void OnSent(uint64_t id, absl::StatusOr<std::string> sent);
+  absl::StatusOr<wire::Envelope> OpenAnswer(std::string_view sealed);
+  // Hands request `id` its answer (once; later ones are dropped).
+  void Complete(uint64_t id, absl::StatusOr<wire::Envelope> answer);
+  void Forget(uint64_t id);
+  absl::StatusOr<ObjectInfo> StatAt(const std::shared_ptr<Session>& session,
+                                    const std::string& name, std::optional<uint64_t> version,
+                                    const wire::ObjectPart& part, absl::Time deadline);
+  absl::StatusOr<Windows> OpenWindows(const std::vector<Extent>& local);
+  void CloseWindows(const std::vector<uint64_t>& ids, bool wait);
+  // Everything a pull needs before its request goes: the session, the destination checked (a
+  // new buffer allocated), the path, windows, the request.
+  absl::StatusOr<std::shared_ptr<PullHandle::State>> PreparePull(const PullSpec& spec);
+  absl::Status BuildRequest(PullHandle::State& state);
+  // Waits for the answer to the state's request (id set), and for the staged path starts the
+  // thread that receives the chunks.
+  void ArmAnswer(const std::shared_ptr<PullHandle::State>& state);
+  void SendPull(const std::shared_ptr<PullHandle::State>& state);
+  void OnPullAnswer(const std::shared_ptr<PullHandle::State>& state,
+                    absl::StatusOr<wire::Envelope> answer);
+  // Asks the source about the state's request (kQuery; see kFirstProbe).
+  void Probe(const std::shared_ptr<PullHandle::State>& state);
+  // When the answer asks for it, the request goes again (a prepared destination defined, or
+  // the staged path for an object off the rails): true when it went.
+  bool RetryPull(const std::shared_ptr<PullHandle::State>& state);
+  // Ends the pull's local parts: the receiver, the awake token, its windows (waiting for them
+  // to close when `wait`).
+  void StopPull(PullHandle::State& state, bool wait);
+  // Ends a pull here once its answer came, its deadline passed or it is cancelled: then no
+  // WRITE of it can land any more; publishes a new buffer, frees what a failed one allocated.
+  absl::StatusOr<PullStats> FinishPull(PullHandle::State& state, bool cancelled);
+  // Frees what a pull holds (its new buffer when it was not published).
+  void Abandon(PullHandle::State& state);
+  // A prepared destination's windows replaced by new ones (new keys, a new epoch).
+  void RekeyPrepared(const std::shared_ptr<Prepared>& prepared);
+  // Destination side of the staged path: copies each chunk out of `ring` into `local` as its
+  // immediate lands, and gives the slot back to the source. Stops early when `*stop` is set.
+  absl::Status ReceiveStaged(const std::vector<Extent>& local, uint64_t size, StagingRing& ring,
+                             uint32_t tag, std::shared_ptr<Session> source, absl::Time deadline,
+                             const std::atomic<bool>* stop);
+
+  // --- Source side (node_serve.cc). ---
+  // The answer to one request of `sender` (reached at `from`).
+  void Serve(wire::Envelope request, Reply reply);
+  absl::StatusOr<ObjectInfo> ServeStat(const wire::StatRequest& request);
+  // Starts a pull; `done` gets its stats or error (possibly before ServePull returns).
+  void ServePull(const PeerAddress& from, uint64_t id, wire::PullRequest request,
+                 std::function<void(absl::StatusOr<PullStats>)> done);
+  // The peer (engine) for a node that asked, added at its first request (blocks for its
+  // hellos: never on a progress thread); CachedPeer only looks (kNotFound: none yet, or stale).
+  absl::StatusOr<engine::PeerId> PeerFor(const PeerAddress& from, absl::Time deadline);
+  absl::StatusOr<engine::PeerId> CachedPeer(const PeerAddress& from);
+  // The destination of `request` as extents over its descriptors; `sender` has its prepared
+  // destinations cached here.
+  absl::StatusOr<PullTarget> ResolveTarget(const std::string& sender,
+                                           const wire::PullRequest& request, uint64_t size);
+  absl::StatusOr<PullStats> ServeIpc(const metadata::ObjectRecord& object,
+                                     const std::vector<Extent>& source, const PullTarget& target);
+  absl::StatusOr<PullStats> ServeStaged(const metadata::ObjectRecord& object,
+                                        const std::vector<Extent>& source, engine::PeerId peer,
+                                        const wire::StagingRing& staging, absl::Time deadline);
+  void OnCredit(std::string_view sender, const wire::Credit& credit);
+  // Stops `sender`'s pull `id` and returns once no WRITE of it can still be posted; one not
+  // started yet never starts.
+  void OnCancel(const std::string& sender, uint64_t id);
+  // Keeps the answer of a pull that ended, for a destination that asks again (kQuery): its
+  // answer may have been lost on the way.
+  void Ended(const std::string& key, wire::MessageType type, const std::string& body);
+  static constexpr size_t kEndedKept = 4096;
+  // Whether `sender`'s pull `id` is being served (and not cancelled).
+  bool Serving(const std::string& sender, uint64_t id);
+  // Submits the transfer of an rdma pull to `peer`; once more, on a fresh peer, when every rail
+  // failed on the first try.
+  absl::Status SubmitRdma(const std::shared_ptr<RdmaPull>& rdma, engine::PeerId peer);
+  // Drops what this node keeps of a peer that failed (its engine peer goes too).
+  void ForgetPeer(const std::string& node);
+  // Engine control messages: node messages over the fabric.
+  void OnControl(std::string_view sender, std::string_view payload);
 
   const NodeOptions options_;
   std::unique_ptr<metadata::Catalog> catalog_;
   std::unique_ptr<engine::Engine> engine_;
+  wire::MessageAuth auth_;
+  PeerAddress self_;  // how other nodes reach this one over the fabric
+  std::unique_ptr<PeerTransport> fabric_;
+  std::unique_ptr<PeerTransport> http_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, Region> regions_ ABSL_GUARDED_BY(mu_);
   // Regions allocated for objects whose last version went.
@@ -287,13 +443,36 @@ class Node {
   std::deque<Spare> spares_ ABSL_GUARDED_BY(mu_);
   uint64_t spare_total_ ABSL_GUARDED_BY(mu_) = 0;
   int pulls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, std::shared_ptr<Prepared>> prepared_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_prepared_ ABSL_GUARDED_BY(mu_) = 1;
   std::unique_ptr<StagingPool> staging_;
   PinnedStages stages_;  // REST reads and writes of GPU objects
   engine::CudaIpcCache ipc_cache_;
   std::atomic<uint32_t> next_tag_{1};
+  std::atomic<uint64_t> next_request_{1};
+
+  // Destination side: sessions by URL; requests waiting for their answers, by id.
+  absl::Mutex sessions_mu_;
+  std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(sessions_mu_);
+  absl::Mutex calls_mu_;
+  absl::flat_hash_map<uint64_t, std::function<void(absl::StatusOr<wire::Envelope>)>> calls_
+      ABSL_GUARDED_BY(calls_mu_);
+
+  // Source side: peers by node id, with the prepared destinations they showed; running pulls
+  // by "sender/id" (to cancel them); staged pulls' credits by "sender/tag".
+  absl::Mutex peer_add_mu_;  // held while a peer is added (PeerFor)
+  absl::Mutex served_mu_;
+  struct Peer;
+  std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(served_mu_);
+  std::map<std::string, std::shared_ptr<ServedPull>> served_ ABSL_GUARDED_BY(served_mu_);
+  std::map<std::string, std::pair<wire::MessageType, std::string>> ended_
+      ABSL_GUARDED_BY(served_mu_);
+  std::deque<std::string> ended_order_ ABSL_GUARDED_BY(served_mu_);
   absl::Mutex credits_mu_;
-  // key: source-side "destination node id/tag"
   std::map<std::string, std::shared_ptr<Credits>> credits_ ABSL_GUARDED_BY(credits_mu_);
+
+  // Last: its threads stop before what they use goes.
+  std::unique_ptr<WorkQueue> serve_queue_;
 };
 
 }  // namespace ferry::server

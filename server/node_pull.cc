@@ -1,404 +1,878 @@
-// Pulls: the source side (ServePull and the three paths) and the destination side (Pull).
-#include <httplib.h>
-
+// Pulls, the destination's side: sessions with other nodes, requests and their answers, the
+// windows a pull writes through, and the staged path's receiving end.
 #include <algorithm>
-#include <cinttypes>
-#include <cstdio>
 #include <thread>
 
-#include "wire/extents.h"
-#include "base/hex.h"
-#include "base/ids.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "engine/fabric.h"
 #include "base/status.h"
-#include "wire/http_status.h"
 #include "server/node.h"
+#include "server/node_internal.h"
+#include "spdlog/spdlog.h"
+#include "wire/http_status.h"
 
 namespace ferry::server {
+
+// A pull as the destination runs it. Shared by the handle and the transport's answer.
+struct PullHandle::State {
+  Node* node = nullptr;
+  PullSpec spec;
+  wire::ObjectPart part;  // of the spec
+  std::shared_ptr<Node::Session> session;
+  absl::Time start;
+  absl::Time deadline;
+  PullPath path = PullPath::kRdma;
+  bool optimistic = false;  // rdma chosen without asking the source (it may refuse)
+  std::unique_ptr<Node::PullInFlight> in_flight;
+  // Where the bytes go, over this node's regions; the new buffer of a pull into one.
+  std::vector<Extent> local;
+  uint64_t size = 0;
+  std::optional<uint64_t> new_region;
+  std::shared_ptr<Node::Prepared> prepared;
+  Node::Windows windows;  // opened for this pull; closed at its end
+  wire::PullRequest request;
+  uint64_t id = 0;  // of the request in flight
+  int attempts = 0;
+  engine::AwakeToken awake;
+  // The staged path: the ring here, its window, and the thread that copies chunks out of it.
+  std::shared_ptr<StagingRing> ring;
+  uint64_t ring_window = 0;
+  std::thread receiver;
+  std::atomic<bool> stop{false};
+  absl::Status received;
+
+  absl::Mutex mu;
+  // Liveness: while no answer comes, the source is asked about the request now and then
+  // (kQuery), so that a source that died, or an answer that was lost, is not waited for until
+  // the deadline.
+  absl::Time next_probe ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
+  int unknown ABSL_GUARDED_BY(mu) = 0;
+  bool resent ABSL_GUARDED_BY(mu) = false;  // over HTTP, after the fabric lost it  // probes in a row that the source did not know it
+  bool answered ABSL_GUARDED_BY(mu) = false;
+  absl::StatusOr<wire::Envelope> answer ABSL_GUARDED_BY(mu) = absl::UnknownError("no answer");
+  bool finished ABSL_GUARDED_BY(mu) = false;  // FinishPull has run
+  absl::StatusOr<PullStats> result ABSL_GUARDED_BY(mu) = absl::UnknownError("not finished");
+  // Serialises FinishPull and Cancel: one thread ends the pull.
+  absl::Mutex end_mu;
+};
+
 namespace {
 
-constexpr size_t kMaxPeerRails = 64;
-constexpr char kCreditPrefix[] = "ferry.credit ";
+bool IsCuda(const Device& d) { return d.is_cuda(); }
 
-bool IsCuda(const Device& d) { return d.kind == Device::Kind::kCuda; }
+// A pull with no answer yet asks its source about it after kFirstProbe, then kProbeEvery after
+// each answer; a source that leaves a probe unanswered for kProbeAnswer (over the fabric, then
+// HTTP), or does not know the request kUnknownProbes times in a row, fails the pull as
+// unavailable.
+constexpr absl::Duration kFirstProbe = absl::Milliseconds(250);
+constexpr absl::Duration kProbeEvery = absl::Milliseconds(500);
+constexpr absl::Duration kProbeAnswer = absl::Seconds(5);
+constexpr int kUnknownProbes = 3;
 
-uint64_t Chunks(uint64_t size, uint64_t chunk) { return (size + chunk - 1) / chunk; }
-
-// A request's extents: "extents_raw" (from a kExtentsContentType body), "extents_b64" or
-// "extents" (JSON); empty when it has none.
-absl::StatusOr<std::vector<Extent>> RequestExtents(const nlohmann::json& req) {
-  if (auto raw = req.find("extents_raw"); raw != req.end()) {
-    if (!raw->is_string()) return absl::InvalidArgumentError("\"extents_raw\" must be a string");
-    return UnpackRawExtents(raw->get_ref<const std::string&>());
+// The error a source answered, or the answer's stats.
+absl::StatusOr<PullStats> StatsOf(const absl::StatusOr<wire::Envelope>& answer) {
+  if (!answer.ok()) return answer.status();
+  if (answer->type == wire::MessageType::kError) {
+    absl::Status s;
+    RETURN_IF_ERROR(wire::DecodeStatus(answer->body, &s));
+    return s;
   }
-  if (auto b64 = req.find("extents_b64"); b64 != req.end()) {
-    if (!b64->is_string()) return absl::InvalidArgumentError("\"extents_b64\" must be a string");
-    return UnpackExtents(b64->get<std::string>());
+  if (answer->type != wire::MessageType::kPullDone) {
+    return absl::UnavailableError("the source answered a pull with something else");
   }
-  if (auto extents = req.find("extents"); extents != req.end()) return ExtentsFromJson(*extents);
-  return std::vector<Extent>{};
+  PullStats stats;
+  RETURN_IF_ERROR(wire::Decode(answer->body, &stats));
+  return stats;
 }
 
 }  // namespace
 
-absl::StatusOr<engine::PeerId> Node::PeerFor(const nlohmann::json& request,
-                                             absl::Time deadline) {
-  auto node = request.find("node");
-  auto rails = request.find("rails");
-  if (node == request.end() || !node->is_string() || node->get<std::string>().empty() ||
-      node->get<std::string>().size() > 256) {
-    return absl::InvalidArgumentError("\"node\" must be a node id (1 to 256 characters)");
+// --- Sessions and calls. ---
+
+absl::StatusOr<std::shared_ptr<Node::Session>> Node::SessionFor(const std::string& url,
+                                                                absl::Time deadline) {
+  if (url.rfind("http://", 0) != 0 || url.size() <= 7) {
+    return absl::InvalidArgumentError("\"from\" must be an http://host:port URL");
   }
-  if (rails == request.end() || !rails->is_array() || rails->empty() ||
-      rails->size() > kMaxPeerRails) {
-    return absl::InvalidArgumentError("\"rails\" must be an array of 1 to 64 addresses");
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    auto it = sessions_.find(url);
+    if (it != sessions_.end()) return it->second;
   }
-  engine::PeerAddress address{node->get<std::string>(), {}, {}};
-  for (const auto& r : *rails) {
-    if (!r.is_string()) return absl::InvalidArgumentError("a rail address must be a hex string");
-    ASSIGN_OR_RETURN(std::string raw, HexDecode(r.get<std::string>()));
-    address.rails.push_back(std::move(raw));
+  // First contact: who is there, over HTTP; then its rails into the engine.
+  auto session = std::make_shared<Session>();
+  session->url = url;
+  const uint64_t id = next_request_.fetch_add(1);
+  auto done = std::make_shared<Waiter>();
+  {
+    absl::MutexLock lock(&calls_mu_);
+    calls_[id] = [done](absl::StatusOr<wire::Envelope> a) { done->Set(std::move(a)); };
   }
-  if (auto bell = request.find("bell"); bell != request.end()) {
-    if (!bell->is_string()) return absl::InvalidArgumentError("\"bell\" must be a hex string");
-    ASSIGN_OR_RETURN(address.bell, HexDecode(bell->get<std::string>()));
+  http_->Send(PeerRef{url, 0},
+              auth_.Seal(wire::EncodeEnvelope({wire::MessageType::kHello, id, self_, ""})),
+              deadline, [this, id](absl::StatusOr<std::string> sent) { OnSent(id, std::move(sent)); });
+  ASSIGN_OR_RETURN(wire::Envelope answer, done->Wait(deadline, [this, id] { Forget(id); }));
+  if (answer.type == wire::MessageType::kError) {
+    absl::Status s;
+    RETURN_IF_ERROR(wire::DecodeStatus(answer.body, &s));
+    return absl::Status(s.code(), absl::StrCat("source ", url, ": ", s.message()));
   }
-  auto peer = engine_->AddPeer(address, deadline);
-  if (!peer.ok() && peer.status().code() != absl::StatusCode::kInvalidArgument) {
-    return absl::UnavailableError(absl::StrCat("node ", address.node,
-                                               " unreachable: ", peer.status().message()));
+  if (answer.type != wire::MessageType::kHelloAnswer) {
+    return absl::UnavailableError(absl::StrCat("source ", url, " answered hello with something else"));
   }
-  return peer;
+  RETURN_IF_ERROR(wire::Decode(answer.body, &session->info));
+  session->transport = http_.get();
+  if (options_.peer_transport != "http" && !session->info.address.rails.empty()) {
+    auto peer = engine_->AddPeer(session->info.address,
+                                 std::min(deadline, absl::Now() + absl::Seconds(10)));
+    if (peer.ok()) {
+      session->peer = *peer;
+      session->transport = fabric_.get();
+    } else if (options_.peer_transport == "fabric") {
+      return absl::UnavailableError(absl::StrCat("source ", url, " unreachable over the rails: ",
+                                                 peer.status().message()));
+    } else {
+      spdlog::warn("source {} ({}) unreachable over the rails, asking it over HTTP: {}", url,
+                   session->info.id, peer.status().ToString());
+    }
+  }
+  absl::MutexLock lock(&sessions_mu_);
+  auto [it, added] = sessions_.emplace(url, session);
+  return it->second;
 }
 
-absl::StatusOr<Node::PullTarget> Node::ParsePullTarget(const nlohmann::json& req,
-                                                       uint64_t size) const {
-  auto regions = req.find("regions");
-  if (regions == req.end() || !regions->is_array() || regions->empty()) {
-    return absl::InvalidArgumentError("\"regions\" must be a non-empty array of descriptors");
+void Node::DropSession(const std::shared_ptr<Session>& session) {
+  absl::MutexLock lock(&sessions_mu_);
+  auto it = sessions_.find(session->url);
+  if (it != sessions_.end() && it->second == session) sessions_.erase(it);
+}
+
+void Node::Call(const std::shared_ptr<Session>& session, wire::MessageType type, uint64_t id,
+                std::string body, absl::Time deadline,
+                std::function<void(absl::StatusOr<wire::Envelope>)> done) {
+  {
+    absl::MutexLock lock(&calls_mu_);
+    calls_[id] = [done = std::move(done), node = session->info.id](
+                     absl::StatusOr<wire::Envelope> a) {
+      if (a.ok() && a->from.node != node) {
+        a = absl::UnavailableError(absl::StrCat("an answer came from ", a->from.node,
+                                                " where node ", node, " was asked"));
+      }
+      done(std::move(a));
+    };
   }
-  ASSIGN_OR_RETURN(std::vector<Extent> parsed, RequestExtents(req));
-  if (parsed.empty()) {
-    return absl::InvalidArgumentError("\"extents\" (or \"extents_b64\") must be non-empty");
+  Transmit(session, auth_.Seal(wire::EncodeEnvelope({type, id, self_, std::move(body)})), deadline,
+           [this, id](absl::StatusOr<std::string> sent) { OnSent(id, std::move(sent)); });
+}
+
+void Node::Transmit(const std::shared_ptr<Session>& session, std::string sealed,
+                    absl::Time deadline, std::function<void(absl::StatusOr<std::string>)> sent) {
+  if (session->transport != fabric_.get() || options_.peer_transport != "auto") {
+    return session->transport->Send(PeerRef{session->url, session->peer}, std::move(sealed),
+                                    deadline, std::move(sent));
   }
-  if (parsed.size() > options_.max_extents || regions->size() > options_.max_extents) {
-    return TooLarge(absl::StrCat(parsed.size(), " extents; the limit is ", options_.max_extents));
+  // Over the fabric first; when no rail carries it, over HTTP (the answer then comes in the
+  // HTTP response, or over the fabric when the source can reach this node there).
+  auto copy = std::make_shared<const std::string>(sealed);
+  fabric_->Send(PeerRef{session->url, session->peer}, std::move(sealed), deadline,
+                [this, url = session->url, copy, deadline, sent = std::move(sent)](
+                    absl::StatusOr<std::string> r) mutable {
+                  if (r.ok() || !absl::IsUnavailable(r.status())) return sent(std::move(r));
+                  http_->Send(PeerRef{url, 0}, *copy, deadline, std::move(sent));
+                });
+}
+
+void Node::OnSent(uint64_t id, absl::StatusOr<std::string> sent) {
+  if (!sent.ok()) return Complete(id, sent.status());
+  if (sent->empty()) return;  // the answer comes as a message of its own
+  auto answer = OpenAnswer(*sent);
+  Complete(id, std::move(answer));
+}
+
+absl::StatusOr<wire::Envelope> Node::OpenAnswer(std::string_view sealed) {
+  ASSIGN_OR_RETURN(std::string_view opened, auth_.Open(sealed, ""));
+  return wire::DecodeEnvelope(opened);
+}
+
+void Node::Complete(uint64_t id, absl::StatusOr<wire::Envelope> answer) {
+  std::function<void(absl::StatusOr<wire::Envelope>)> done;
+  {
+    absl::MutexLock lock(&calls_mu_);
+    auto it = calls_.find(id);
+    if (it == calls_.end()) return;  // late: its caller gave up
+    done = std::move(it->second);
+    calls_.erase(it);
   }
-  PullTarget t;
-  for (const auto& d : *regions) {
-    ASSIGN_OR_RETURN(RegionDescriptor desc, RegionDescriptorFromJson(d));
-    t.regions.push_back(std::move(desc));
+  done(std::move(answer));
+}
+
+void Node::Forget(uint64_t id) {
+  absl::MutexLock lock(&calls_mu_);
+  calls_.erase(id);
+}
+
+absl::StatusOr<wire::Envelope> Node::CallAndWait(const std::shared_ptr<Session>& session,
+                                                 wire::MessageType type, std::string body,
+                                                 absl::Time deadline) {
+  const uint64_t id = next_request_.fetch_add(1);
+  auto done = std::make_shared<Waiter>();
+  Call(session, type, id, body, deadline,
+       [done](absl::StatusOr<wire::Envelope> a) { done->Set(std::move(a)); });
+  if (session->transport == fabric_.get() && options_.peer_transport == "auto" &&
+      !done->WaitUntil(std::min(deadline, absl::Now() + FabricAnswerTime()))) {
+    // No answer over the fabric (the question, or its answer, may have gone into a link that
+    // is down): the same question again over HTTP, whose answer comes in its response. Only
+    // questions (not pulls) go twice; the first answer counts.
+    http_->Send(PeerRef{session->url, 0},
+                auth_.Seal(wire::EncodeEnvelope({type, id, self_, std::move(body)})), deadline,
+                [this, id](absl::StatusOr<std::string> sent) { OnSent(id, std::move(sent)); });
   }
-  struct Abs {
-    uint64_t start, end;
+  return done->Wait(deadline, [this, id] { Forget(id); });
+}
+
+absl::Duration Node::FabricAnswerTime() const {
+  return std::max(absl::Seconds(1), 2 * options_.engine.rail_stall_timeout);
+}
+
+absl::StatusOr<ObjectInfo> Node::StatAt(const std::shared_ptr<Session>& session,
+                                        const std::string& name, std::optional<uint64_t> version,
+                                        const wire::ObjectPart& part, absl::Time deadline) {
+  auto answer = CallAndWait(session, wire::MessageType::kStat,
+                            wire::Encode(wire::StatRequest{name, version.value_or(0), part}),
+                            deadline);
+  if (!answer.ok()) {
+    if (absl::IsUnavailable(answer.status())) DropSession(session);
+    return absl::Status(answer.status().code(),
+                        absl::StrCat("source ", session->url, ": ", answer.status().message()));
+  }
+  if (answer->type == wire::MessageType::kError) {
+    absl::Status s;
+    RETURN_IF_ERROR(wire::DecodeStatus(answer->body, &s));
+    return WithContext(s, absl::StrCat("source ", session->url));
+  }
+  ObjectInfo info;
+  RETURN_IF_ERROR(wire::Decode(answer->body, &info));
+  return info;
+}
+
+// --- Windows. ---
+
+absl::StatusOr<Node::Windows> Node::OpenWindows(const std::vector<Extent>& local) {
+  // One window per region written into, over the span its pieces cover.
+  struct Span {
+    uint64_t start = UINT64_MAX, end = 0;
+    engine::RegionId engine_id = 0;
+    size_t index = 0;
+    RegionDescriptor descriptor;  // for memory off the rails
   };
-  std::vector<Abs> spans;
-  uint64_t total = 0;
-  // Here an extent's "region" is an index into "regions".
-  for (const auto& [region, offset, length] : parsed) {
-    if (region >= t.regions.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("extent names region ", region, " of ",
-                                                     t.regions.size()));
-    }
-    if (length == 0) return absl::InvalidArgumentError("an extent has length 0");
-    const RegionDescriptor& d = t.regions[region];
-    if (!InBounds(offset, length, d.length)) {
-      return absl::InvalidArgumentError(absl::StrCat("destination extent [", offset, ", +",
-                                                     length, ") is outside its region of ",
-                                                     d.length, " bytes"));
-    }
-    if (total + length < total) return absl::InvalidArgumentError("extents overflow 2^64 bytes");
-    total += length;
-    spans.push_back({d.addr + offset, d.addr + offset + length});
-    t.extents.push_back({region, offset, length});
-  }
-  std::sort(spans.begin(), spans.end(), [](const Abs& a, const Abs& b) { return a.start < b.start; });
-  for (size_t i = 1; i < spans.size(); ++i) {
-    if (spans[i].start < spans[i - 1].end) {
-      return absl::InvalidArgumentError("destination extents overlap");
-    }
-  }
-  if (total != size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("destination extents hold ", total, " bytes, the object has ", size));
-  }
-  return t;
-}
-
-absl::StatusOr<PullStats> Node::ServePull(const std::string& name, const nlohmann::json& req) {
-  if (!req.is_object()) return absl::InvalidArgumentError("pull request must be an object");
-  std::optional<uint64_t> version;
-  if (req.contains("version")) {
-    ASSIGN_OR_RETURN(version, UnsignedField(req, "version"));
-  }
-  absl::Duration timeout = options_.pull_timeout;
-  if (req.contains("timeout_ms")) {
-    ASSIGN_OR_RETURN(uint64_t ms, UnsignedField(req, "timeout_ms"));
-    timeout = absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(ms, 86400000)));
-  }
-  const absl::Time deadline = absl::Now() + timeout;
-  PullPath path = PullPath::kRdma;
-  if (req.contains("path")) {
-    if (!req["path"].is_string()) return absl::InvalidArgumentError("\"path\" must be a string");
-    ASSIGN_OR_RETURN(std::optional<PullPath> named, ParsePath(req["path"].get<std::string>()));
-    if (!named) return absl::InvalidArgumentError("the destination names the path, not auto");
-    path = *named;
-  }
-  ASSIGN_OR_RETURN(metadata::ObjectRecord object, catalog_->Get(name, version));
-  ASSIGN_OR_RETURN(PullTarget target, ParsePullTarget(req, object.size));
+  std::map<uint64_t, Span> spans;
   {
     absl::ReaderMutexLock lock(&mu_);
-    if (!Attached(object)) {
-      return Conflict(absl::StrCat("object '", name, "' is detached: its regions are not "
-                                   "registered since the node restarted"));
+    for (const Extent& e : local) {
+      Span& s = spans[e.region];
+      s.start = std::min(s.start, e.offset);
+      s.end = std::max(s.end, e.offset + e.length);
+    }
+    for (auto& [region, s] : spans) {
+      auto it = regions_.find(region);
+      if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", region));
+      s.engine_id = it->second.engine_id;
+      if (s.engine_id == 0) s.descriptor = DescriptorOf(it->second);
     }
   }
-  PullInFlight in_flight(this);
-  if (path == PullPath::kCudaIpc) return ServeIpc(object, target);
-  if (path == PullPath::kStaged && !req.contains("staging")) {
-    return absl::InvalidArgumentError("the staged path needs a \"staging\" ring");
+  Windows w;
+  absl::Cleanup close = [&] { CloseWindows(w.ids, /*wait=*/true); };
+  for (auto& [region, s] : spans) {
+    s.index = w.descriptors.size();
+    if (s.engine_id == 0) {
+      // GPU memory the provider cannot register: the same-host path maps it by its IPC handle,
+      // the staged path goes through a ring; no window.
+      s.start = 0;
+      w.descriptors.push_back(std::move(s.descriptor));
+      continue;
+    }
+    ASSIGN_OR_RETURN(engine::Window window,
+                     engine_->OpenWindow(s.engine_id, s.start, s.end - s.start));
+    w.ids.push_back(window.id);
+    w.descriptors.push_back(std::move(window.descriptor));
   }
-  ASSIGN_OR_RETURN(engine::PeerId peer, PeerFor(req, deadline));
-  absl::StatusOr<PullStats> stats =
-      path == PullPath::kRdma ? ServeRdma(object, std::move(target), peer, deadline)
-                              : ServeStaged(object, target, peer, req["staging"], deadline);
-  if (stats.status().code() == absl::StatusCode::kUnavailable) {
-    IgnoreError(engine_->RemovePeer(peer));  // the next pull warms a fresh connection
+  w.extents.reserve(local.size());
+  for (const Extent& e : local) {
+    const Span& s = spans[e.region];
+    w.extents.push_back({s.index, e.offset - s.start, e.length});
   }
+  std::move(close).Cancel();
+  return w;
+}
+
+void Node::CloseWindows(const std::vector<uint64_t>& ids, bool wait) {
+  for (uint64_t id : ids) IgnoreError(engine_->CloseWindow(id, wait));
+}
+
+// --- Pulls. ---
+
+absl::StatusOr<PullStats> Node::Pull(const PullSpec& spec) {
+  ASSIGN_OR_RETURN(std::unique_ptr<PullHandle> handle, PullAsync(spec));
+  return handle->Wait();
+}
+
+std::vector<absl::StatusOr<PullStats>> Node::PullBatch(const std::vector<PullSpec>& specs) {
+  std::vector<absl::StatusOr<PullStats>> out(specs.size(), absl::UnknownError("not run"));
+  std::vector<std::shared_ptr<PullHandle::State>> states(specs.size());
+  // Prepared one by one; then one message per source carries its requests.
+  std::map<Session*, std::vector<size_t>> by_source;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    auto state = PreparePull(specs[i]);
+    if (!state.ok()) {
+      out[i] = state.status();
+      continue;
+    }
+    states[i] = *std::move(state);
+    by_source[states[i]->session.get()].push_back(i);
+  }
+  for (auto& [session, items] : by_source) {
+    const std::shared_ptr<Session>& s = states[items.front()]->session;
+    if (items.size() == 1 || s->transport != fabric_.get()) {
+      // Over HTTP each pull is a request of its own (an HTTP answer carries one answer).
+      for (size_t i : items) SendPull(states[i]);
+      continue;
+    }
+    wire::PullBatch batch;
+    absl::Time deadline = absl::InfinitePast();
+    std::vector<uint64_t> ids;
+    for (size_t i : items) {
+      states[i]->id = next_request_.fetch_add(1);
+      ++states[i]->attempts;
+      ids.push_back(states[i]->id);
+      batch.requests.emplace_back(states[i]->id, wire::Encode(states[i]->request));
+      deadline = std::max(deadline, states[i]->deadline);
+      ArmAnswer(states[i]);
+    }
+    for (size_t i : items) {
+      absl::MutexLock lock(&states[i]->mu);
+      states[i]->next_probe = absl::Now() + kFirstProbe;
+    }
+    // The batch has no answer of its own: when it cannot go, each of its pulls fails.
+    Transmit(s,
+             auth_.Seal(wire::EncodeEnvelope(
+                 {wire::MessageType::kPullBatch, 0, self_, wire::Encode(batch)})),
+             deadline, [this, ids](absl::StatusOr<std::string> sent) {
+               if (sent.ok()) return;
+               for (uint64_t id : ids) Complete(id, sent.status());
+             });
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!states[i]) continue;
+    PullHandle handle(states[i]->id, states[i]);
+    out[i] = handle.Wait();
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<PullHandle>> Node::PullAsync(const PullSpec& spec) {
+  ASSIGN_OR_RETURN(std::shared_ptr<PullHandle::State> state, PreparePull(spec));
+  SendPull(state);
+  return std::unique_ptr<PullHandle>(new PullHandle(state->id, state));
+}
+
+absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePull(const PullSpec& spec) {
+  auto st = std::make_shared<PullHandle::State>();
+  st->node = this;
+  st->spec = spec;
+  RETURN_IF_ERROR(metadata::ValidateObjectName(spec.object));
+  const int forms = (spec.new_buffer ? 1 : 0) + (spec.into.empty() ? 0 : 1) +
+                    (spec.prepared != 0 ? 1 : 0);
+  if (forms != 1) {
+    return absl::InvalidArgumentError(
+        "a pull goes into a new buffer, a layout or a prepared destination: name one");
+  }
+  if (spec.range_length > 0 && !spec.source_extents.empty()) {
+    return absl::InvalidArgumentError("a part is a byte range or a list of extents, not both");
+  }
+  if (spec.source_extents.size() > options_.max_extents) {
+    return TooLarge(absl::StrCat(spec.source_extents.size(), " extents; the limit is ",
+                                 options_.max_extents));
+  }
+  st->part.has_range = spec.range_length > 0;
+  st->part.offset = spec.range_offset;
+  st->part.length = spec.range_length;
+  st->part.extents = spec.source_extents;
+  ASSIGN_OR_RETURN(const std::optional<PullPath> forced, ParsePath(spec.path));
+  const absl::Duration timeout =
+      spec.timeout_ms > 0
+          ? std::min(absl::Milliseconds(static_cast<int64_t>(
+                         std::min<uint64_t>(spec.timeout_ms, uint64_t{1} << 40))),
+                     options_.max_pull_timeout)
+          : options_.pull_timeout;
+  st->start = absl::Now();
+  st->deadline = st->start + timeout;
+  st->in_flight = std::make_unique<PullInFlight>(this);
+  ASSIGN_OR_RETURN(st->session, SessionFor(spec.from, st->deadline));
+  std::optional<ObjectInfo> described;
+  auto describe = [&]() -> absl::Status {
+    if (described) return absl::OkStatus();
+    ASSIGN_OR_RETURN(described, StatAt(st->session, spec.object, spec.version, st->part,
+                                       st->deadline));
+    return absl::OkStatus();
+  };
+  // What a failure from here on leaves behind goes.
+  absl::Cleanup undo = [&] { Abandon(*st); };
+  if (spec.new_buffer) {
+    const std::string target = spec.as.empty() ? spec.object : spec.as;
+    RETURN_IF_ERROR(metadata::ValidateObjectName(target));
+    if (!spec.replace && catalog_->Get(target).ok()) {
+      return absl::AlreadyExistsError(absl::StrCat("object '", target, "' exists here"));
+    }
+    RETURN_IF_ERROR(describe());
+    ASSIGN_OR_RETURN(RegionInfo region, AllocateRegion(*spec.new_buffer, described->size, true));
+    st->new_region = region.id;
+    st->local = {{region.id, 0, region.size}};
+    st->size = region.size;
+  } else if (spec.prepared != 0) {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = prepared_.find(spec.prepared);
+    if (it == prepared_.end()) {
+      return absl::NotFoundError(absl::StrCat("no prepared destination ", spec.prepared));
+    }
+    st->prepared = it->second;
+    const std::vector<Extent>& pieces = st->prepared->pieces;
+    if (spec.indices.empty()) {
+      st->local = pieces;
+      st->size = st->prepared->size;
+    } else {
+      if (spec.indices.size() > options_.max_extents) {
+        return TooLarge(absl::StrCat(spec.indices.size(), " pieces; the limit is ",
+                                     options_.max_extents));
+      }
+      std::vector<bool> taken(pieces.size());
+      st->local.reserve(spec.indices.size());
+      for (uint32_t i : spec.indices) {
+        if (i >= pieces.size()) {
+          return absl::InvalidArgumentError(absl::StrCat("piece ", i, " of a prepared destination of ",
+                                                         pieces.size()));
+        }
+        if (taken[i]) return absl::InvalidArgumentError(absl::StrCat("piece ", i, " named twice"));
+        taken[i] = true;
+        st->local.push_back(pieces[i]);
+        st->size += pieces[i].length;
+      }
+    }
+    ++st->prepared->running;
+  } else {
+    for (const Layout::Run& r : spec.into.runs()) {
+      if (r.piece == 0) return absl::InvalidArgumentError("an extent has length 0");
+    }
+    if (spec.into.pieces() > options_.max_extents) {
+      return TooLarge(absl::StrCat(spec.into.pieces(), " extents; the limit is ",
+                                   options_.max_extents));
+    }
+    st->local = spec.into.Expand();
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(st->size, CheckDestination(st->local));
+  }
+  // Into host memory on the rails with no path named (KV-cache pages, say), the pull goes
+  // straight to the rdma path without asking first; a source whose object is off the rails
+  // refuses (kNotOnRails) and the pull goes again on the staged path.
+  bool local_on_rails = true, local_ipc = true, local_host = true;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    std::set<uint64_t> seen;
+    for (const Extent& e : st->local) {
+      if (!seen.insert(e.region).second) continue;
+      auto it = regions_.find(e.region);
+      if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", e.region));
+      const Region& r = it->second;
+      local_on_rails = local_on_rails && r.engine_id != 0;
+      local_host = local_host && !IsCuda(r.info.device);
+      local_ipc = local_ipc && IsCuda(r.info.device) && !r.ipc.handle.empty();
+    }
+  }
+  if (forced) {
+    st->path = *forced;
+  } else if (!spec.new_buffer && local_on_rails && local_host) {
+    st->path = PullPath::kRdma;
+    st->optimistic = true;
+  } else {
+    RETURN_IF_ERROR(describe());
+    PathFacts facts;
+    facts.same_host = st->session->info.host == HostId();
+    facts.cuda_here = engine::CudaDeviceCount() > 0;
+    facts.src_on_rails = described->on_rails;
+    facts.src_all_gpu = !described->devices.empty() &&
+                        std::all_of(described->devices.begin(), described->devices.end(), IsCuda);
+    facts.dst_all_ipc = local_ipc;
+    facts.dst_on_rails = local_on_rails;
+    st->path = ChoosePath(facts);
+  }
+  RETURN_IF_ERROR(BuildRequest(*st));
+  std::move(undo).Cancel();
+  return st;
+}
+
+absl::Status Node::BuildRequest(PullHandle::State& st) {
+  wire::PullRequest& req = st.request;
+  req = wire::PullRequest();
+  req.object = st.spec.object;
+  req.version = st.spec.version.value_or(0);
+  req.path = static_cast<uint8_t>(st.path);
+  req.timeout_ms = static_cast<uint64_t>(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(st.deadline - absl::Now())));
+  req.part = st.part;
+  switch (st.path) {
+    case PullPath::kRdma:
+      if (st.prepared && st.spec.indices.size() != st.prepared->pieces.size()) {
+        // A prepared destination: the source keeps its windows' descriptors and its pieces.
+        const Prepared& p = *st.prepared;
+        req.prepared = p.handle;
+        req.prepared_epoch = p.epoch.load();
+        req.indices = st.spec.indices;
+        absl::MutexLock lock(&st.session->mu);
+        auto shown = st.session->shown.find(p.handle);
+        if (shown == st.session->shown.end() || shown->second != req.prepared_epoch) {
+          req.defines_prepared = true;
+          req.regions = p.windows.descriptors;
+          req.layout = Layout(p.windows.extents);
+        }
+        return absl::OkStatus();
+      }
+      {
+        // The pieces through windows of their own, open for this pull only.
+        if (st.prepared) {
+          req.regions = st.prepared->windows.descriptors;
+          req.layout = Layout(st.prepared->windows.extents);
+          return absl::OkStatus();
+        }
+        ASSIGN_OR_RETURN(st.windows, OpenWindows(st.local));
+        for (const RegionDescriptor& d : st.windows.descriptors) {
+          if (d.keys.empty()) {
+            return Conflict("rdma: a destination region is not on the rails here; use the staged path");
+          }
+        }
+        req.regions = st.windows.descriptors;
+        req.layout = Layout(st.windows.extents);
+      }
+      return absl::OkStatus();
+    case PullPath::kCudaIpc: {
+      if (st.session->info.host != HostId()) {
+        return absl::InvalidArgumentError("cuda_ipc: the source is on another host");
+      }
+      absl::ReaderMutexLock lock(&mu_);
+      std::map<uint64_t, size_t> index;
+      std::vector<Extent> extents;
+      extents.reserve(st.local.size());
+      for (const Extent& e : st.local) {
+        auto [slot, added] = index.try_emplace(e.region, index.size());
+        if (added) req.regions.push_back(DescriptorOf(regions_.at(e.region)));
+        extents.push_back({slot->second, e.offset, e.length});
+      }
+      req.layout = Layout(extents);
+      return absl::OkStatus();
+    }
+    case PullPath::kStaged: {
+      ASSIGN_OR_RETURN(st.ring, staging_->Acquire());
+      ASSIGN_OR_RETURN(engine::Window w,
+                       engine_->OpenWindow(st.ring->region(), 0,
+                                           st.ring->slots() * st.ring->slot_bytes()));
+      st.ring_window = w.id;
+      req.staged = true;
+      req.staging.region = std::move(w.descriptor);
+      req.staging.slots = static_cast<uint32_t>(st.ring->slots());
+      req.staging.slot_bytes = st.ring->slot_bytes();
+      req.staging.tag = (next_tag_.fetch_add(1) & 0xffffff) << 8;
+      return absl::OkStatus();
+    }
+  }
+  return absl::InternalError("unknown path");
+}
+
+void Node::ArmAnswer(const std::shared_ptr<PullHandle::State>& st) {
+  // WRITEs land here until the source answers: keep polling the rails (manual progress).
+  if (st.get()->path != PullPath::kCudaIpc) st->awake = engine_->KeepAwake();
+  if (st->path == PullPath::kStaged && !st->receiver.joinable()) {
+    st->received = absl::OkStatus();
+    st->stop = false;
+    st->receiver = std::thread([this, st] {
+      st->received = ReceiveStaged(st->local, st->size, *st->ring, st->request.staging.tag,
+                                   st->session, st->deadline, &st->stop);
+    });
+  }
+  absl::MutexLock lock(&calls_mu_);
+  calls_[st->id] = [this, st, node = st->session->info.id](absl::StatusOr<wire::Envelope> a) {
+    if (a.ok() && a->from.node != node) {
+      a = absl::UnavailableError(absl::StrCat("an answer came from ", a->from.node,
+                                              " where node ", node, " was asked"));
+    }
+    OnPullAnswer(st, std::move(a));
+  };
+}
+
+void Node::SendPull(const std::shared_ptr<PullHandle::State>& st) {
+  st->id = next_request_.fetch_add(1);
+  ++st->attempts;
+  ArmAnswer(st);
+  {
+    absl::MutexLock lock(&st->mu);
+    st->next_probe = absl::Now() + kFirstProbe;
+    st->unknown = 0;
+    st->resent = false;
+  }
+  const uint64_t id = st->id;
+  Transmit(st->session,
+           auth_.Seal(wire::EncodeEnvelope({wire::MessageType::kPull, id, self_,
+                                            wire::Encode(st->request)})),
+           st->deadline,
+           [this, id](absl::StatusOr<std::string> sent) { OnSent(id, std::move(sent)); });
+}
+
+void Node::OnPullAnswer(const std::shared_ptr<PullHandle::State>& st,
+                        absl::StatusOr<wire::Envelope> answer) {
+  absl::MutexLock lock(&st->mu);
+  st->answered = true;
+  st->answer = std::move(answer);
+}
+
+PullHandle::~PullHandle() { IgnoreError(Wait().status()); }
+
+bool PullHandle::Done() {
+  absl::MutexLock lock(&state_->mu);
+  return state_->finished || state_->answered;
+}
+
+absl::StatusOr<PullStats> PullHandle::Wait(absl::Time deadline) {
+  State& st = *state_;
+  for (;;) {
+    bool probe = false;
+    {
+      absl::MutexLock lock(&st.mu);
+      if (st.finished) return st.result;
+      auto ready = [&st]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) { return st.answered || st.finished; };
+      const absl::Time until = std::min({deadline, st.deadline, st.next_probe});
+      if (!st.mu.AwaitWithDeadline(absl::Condition(&ready), until)) {
+        const absl::Time now = absl::Now();
+        if (now < st.deadline && now >= st.next_probe) {
+          probe = true;
+        } else if (now < st.deadline) {
+          return absl::DeadlineExceededError("the wait passed its deadline; the pull goes on");
+        }
+      }
+      if (st.finished) return st.result;
+    }
+    if (probe) {
+      st.node->Probe(state_);
+      continue;
+    }
+    // The answer came, or the pull's own deadline passed: this thread ends the pull, unless
+    // a retry on another path (or with a prepared destination defined again) is due.
+    absl::MutexLock end(&st.end_mu);
+    {
+      absl::MutexLock lock(&st.mu);
+      if (st.finished) return st.result;
+    }
+    if (st.node->RetryPull(state_)) continue;
+    return st.node->FinishPull(st, /*cancelled=*/false);
+  }
+}
+
+absl::StatusOr<PullStats> PullHandle::Cancel() {
+  State& st = *state_;
+  absl::MutexLock end(&st.end_mu);
+  {
+    absl::MutexLock lock(&st.mu);
+    if (st.finished) return st.result;
+  }
+  return st.node->FinishPull(st, /*cancelled=*/true);
+}
+
+void Node::Probe(const std::shared_ptr<PullHandle::State>& st) {
+  uint64_t pull;
+  {
+    absl::MutexLock lock(&st->mu);
+    if (st->answered) return;
+    pull = st->id;
+  }
+  // Answered at once by a live source, over HTTP when the fabric does not carry it.
+  auto a = CallAndWait(st->session, wire::MessageType::kQuery, wire::EncodeId(pull),
+                       std::min(st->deadline, absl::Now() + kProbeAnswer));
+  absl::MutexLock lock(&st->mu);
+  st->next_probe = absl::Now() + kProbeEvery;
+  if (st->answered || st->id != pull) return;
+  if (!a.ok()) {
+    st->answered = true;
+    st->answer = absl::UnavailableError(absl::StrCat("the source stopped answering: ",
+                                                     a.status().message()));
+    return;
+  }
+  switch (a->type) {
+    case wire::MessageType::kRunning:
+      st->unknown = 0;
+      return;
+    case wire::MessageType::kUnknownRequest:
+      // The request may still be on its way: a few times in a row, it was lost. Over the
+      // fabric it goes once more over HTTP (a copy that comes late after all is not served
+      // twice), and its answer comes back there.
+      if (++st->unknown < kUnknownProbes) return;
+      if (!st->resent && st->session->transport == fabric_.get() &&
+          options_.peer_transport == "auto") {
+        st->resent = true;
+        st->unknown = 0;
+        http_->Send(PeerRef{st->session->url, 0},
+                    auth_.Seal(wire::EncodeEnvelope({wire::MessageType::kPull, pull, self_,
+                                                     wire::Encode(st->request)})),
+                    st->deadline,
+                    [this, pull](absl::StatusOr<std::string> sent) { OnSent(pull, std::move(sent)); });
+        return;
+      }
+      st->answered = true;
+      st->answer = absl::UnavailableError("the source never got the pull request");
+      return;
+    default:  // the pull's own answer, which did not come (or not yet)
+      st->answered = true;
+      a->id = pull;
+      st->answer = *std::move(a);
+  }
+}
+
+bool Node::RetryPull(const std::shared_ptr<PullHandle::State>& st) {
+  absl::StatusOr<PullStats> stats;
+  {
+    absl::MutexLock lock(&st->mu);
+    if (!st->answered) return false;
+    stats = StatsOf(st->answer);
+  }
+  if (stats.ok() || st->attempts >= 3 || absl::Now() >= st->deadline) return false;
+  const absl::Status& s = stats.status();
+  if (st->prepared && s.code() == absl::StatusCode::kAborted &&
+      absl::StrContains(s.message(), kStalePrepared)) {
+    // The source did not know this epoch of the prepared destination: defined again, once.
+    {
+      absl::MutexLock lock(&st->session->mu);
+      st->session->shown.erase(st->prepared->handle);
+    }
+  } else if (st->optimistic && absl::StrContains(s.message(), kNotOnRails)) {
+    st->optimistic = false;
+    StopPull(*st, /*wait=*/true);
+    st->path = PullPath::kStaged;
+  } else {
+    return false;
+  }
+  {
+    absl::MutexLock lock(&st->mu);
+    st->answered = false;
+  }
+  absl::Status built = BuildRequest(*st);
+  if (!built.ok()) {
+    absl::MutexLock lock(&st->mu);
+    st->answered = true;
+    st->answer = built;
+    return true;
+  }
+  SendPull(st);
+  return true;
+}
+
+void Node::StopPull(PullHandle::State& st, bool wait) {
+  if (st.receiver.joinable()) {
+    st.stop = true;
+    st.receiver.join();
+  }
+  st.awake = engine::AwakeToken();
+  CloseWindows(st.windows.ids, wait);
+  st.windows = Windows();
+  if (st.ring_window != 0) IgnoreError(engine_->CloseWindow(st.ring_window, wait));
+  st.ring_window = 0;
+}
+
+absl::StatusOr<PullStats> Node::FinishPull(PullHandle::State& st, bool cancelled) {
+  absl::StatusOr<PullStats> stats = absl::UnknownError("");
+  bool answered;
+  {
+    absl::MutexLock lock(&st.mu);
+    answered = st.answered;
+    if (answered) stats = StatsOf(st.answer);
+  }
+  if (!answered) {
+    // The pull's deadline passed, or it is cancelled: the source is asked to stop, and this
+    // node then makes sure no WRITE of it can land (its windows close; a prepared destination
+    // takes a new epoch, so its keys change).
+    Forget(st.id);
+    auto stopped = CallAndWait(st.session, wire::MessageType::kCancel, wire::EncodeId(st.id),
+                               std::min(st.deadline + absl::Seconds(5), absl::Now() + absl::Seconds(5)));
+    const bool confirmed = stopped.ok() && stopped->type == wire::MessageType::kCancelDone;
+    if (!confirmed && st.prepared) st.node->RekeyPrepared(st.prepared);
+    stats = cancelled ? absl::CancelledError(absl::StrCat("pull ", st.id, " cancelled"))
+                      : absl::DeadlineExceededError(absl::StrCat(
+                            "pull of '", st.spec.object, "' from ", st.session->url,
+                            " passed its deadline"));
+  }
+  const bool staged_failed = !stats.ok() && st.ring != nullptr;
+  if (st.receiver.joinable()) {
+    if (!stats.ok()) st.stop = true;
+    st.receiver.join();
+    if (stats.ok() && !st.received.ok()) stats = st.received;
+  }
+  StopPull(st, /*wait=*/!stats.ok());
+  if (st.ring != nullptr) {
+    if (staged_failed || !stats.ok()) st.ring->Poison();
+    st.ring.reset();
+  }
+  if (stats.ok()) {
+    stats->via = std::string(st.session->transport->name());
+    // Staged bytes are in place only once this side has copied the last chunk in.
+    if (st.path == PullPath::kStaged) stats->seconds = absl::ToDoubleSeconds(absl::Now() - st.start);
+    if (st.new_region) {
+      auto published = Publish(st.spec.as.empty() ? st.spec.object : st.spec.as,
+                               Layout(st.local), {.replace = st.spec.replace, .durable = st.spec.durable});
+      if (!published.ok()) {
+        stats = published.status();
+      } else {
+        stats->region = st.new_region;
+        st.new_region.reset();
+      }
+    }
+  } else {
+    if (absl::IsUnavailable(stats.status())) DropSession(st.session);
+    stats = WithContext(stats.status(), absl::StrCat("source ", st.session->url));
+  }
+  Abandon(st);
+  absl::MutexLock lock(&st.mu);
+  st.finished = true;
+  st.result = stats;
   return stats;
 }
 
-absl::StatusOr<PullStats> Node::ServeRdma(const metadata::ObjectRecord& object, PullTarget target,
-                                          engine::PeerId peer, absl::Time deadline) {
-  engine::TransferRequest t;
-  t.peer = peer;
-  t.deadline = deadline;
-  t.dst_regions = std::move(target.regions);
-  t.dst = std::move(target.extents);
-  absl::StatusOr<engine::Transfer> transfer = absl::UnknownError("");
+void Node::Abandon(PullHandle::State& st) {
+  if (st.new_region) IgnoreError(DeleteRegion(*st.new_region));
+  st.new_region.reset();
+  if (st.prepared) {
+    --st.prepared->running;
+    st.prepared.reset();
+  }
+  if (!st.windows.ids.empty() || st.ring_window != 0 || st.receiver.joinable()) {
+    StopPull(st, /*wait=*/true);
+  }
+  st.in_flight.reset();
+}
+
+void Node::RekeyPrepared(const std::shared_ptr<Prepared>& p) {
+  // New windows first, then the old ones close: pulls that start meanwhile send the new epoch.
+  auto fresh = OpenWindows(p->pieces);
+  if (!fresh.ok()) {
+    spdlog::error("prepared destination {}: new windows: {}", p->handle, fresh.status().ToString());
+    return;
+  }
+  Windows old;
   {
     absl::MutexLock lock(&mu_);
-    if (!Attached(object)) return Conflict("the object's regions went during the pull");
-    for (const Extent& e : object.extents) {
-      const Region& r = regions_.at(e.region);
-      if (r.engine_id == 0) {
-        return Conflict(absl::StrCat("rdma: region ", e.region, " (", r.info.device.ToString(),
-                                     ") ", kNotOnRails, "; use the staged path"));
-      }
-      t.src.push_back({r.engine_id, e.offset, e.length});
-    }
-    transfer = engine_->Submit(std::move(t));
+    old = std::move(p->windows);
+    p->windows = *std::move(fresh);
+    ++p->epoch;
   }
-  RETURN_IF_ERROR(transfer.status());
-  ASSIGN_OR_RETURN(engine::TransferStats stats, transfer->Wait());
-  return PullStats{object.name,          object.version,        stats.bytes,
-                   stats.seconds,        stats.bytes_per_rail,  stats.rerouted_writes,
-                   stats.failed_rails,   std::string(PathName(PullPath::kRdma)),
-                   std::nullopt,         stats.rail_seconds};
-}
-
-absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
-                                         const PullTarget& target) {
-  for (size_t i = 0; i < target.regions.size(); ++i) {
-    const RegionDescriptor& d = target.regions[i];
-    if (!IsCuda(d.device) || d.ipc_handle.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cuda_ipc: destination region ", i, " is not GPU memory with an IPC handle"));
-    }
-    if (d.host != HostId()) {
-      return absl::InvalidArgumentError("cuda_ipc: the destination is on another host");
-    }
-  }
-  // The reader lock keeps the source regions while the kernel runs.
-  absl::ReaderMutexLock lock(&mu_);
-  if (!Attached(object)) return Conflict("the object's regions went during the pull");
-  ASSIGN_OR_RETURN(std::vector<Span> src, SpansOf(object.extents));
-  const Device gpu = src.front().device;
-  for (const Span& s : src) {
-    if (!(s.device == gpu) || !IsCuda(gpu)) {
-      return absl::InvalidArgumentError("cuda_ipc: the object must live on one GPU");
-    }
-  }
-  // The kernel runs on the destination's GPU, writing locally and reading the source over
-  // NVLink (pulling is faster than pushing there); big pieces go to the copy engines. The
-  // relay through the copy engines (CudaCopyBatch::Begin's src_device) waits until it has
-  // been measured on two GPUs (ferry-bench gpu's batched_copy_relayed row).
-  const std::string& dst_uuid = target.regions.front().ipc_gpu;
-  for (const RegionDescriptor& d : target.regions) {
-    if (d.ipc_gpu != dst_uuid) {
-      return absl::InvalidArgumentError("cuda_ipc: the destination must be on one GPU");
-    }
-  }
-  ASSIGN_OR_RETURN(const int dst_gpu, engine::CudaDeviceByUuid(dst_uuid));
-  RETURN_IF_ERROR(engine::CudaEnablePeerAccess(dst_gpu, gpu.index));
-  const absl::Time start = absl::Now();
-  std::vector<engine::CudaMapping> maps;
-  for (const RegionDescriptor& d : target.regions) {
-    ASSIGN_OR_RETURN(engine::CudaMapping m, ipc_cache_.Open(d.ipc_handle, dst_gpu));
-    if (!InBounds(d.ipc_offset, d.length, m.size)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cuda_ipc: region [", d.ipc_offset, ", +", d.length, ") is outside its allocation of ",
-          m.size, " bytes"));
-    }
-    maps.push_back(std::move(m));
-  }
-  // Pieces go to the GPU in batches as they are paired: the pairing overlaps the copying, and
-  // the destination's spans are made as the walk reaches them (a list of 16384 built first
-  // kept the GPU waiting 60-90 us).
-  auto dst_at = [&](size_t i) {
-    const Extent& e = target.extents[i];
-    const RegionDescriptor& d = target.regions[e.region];
-    return Span{maps[e.region].base.get() + d.ipc_offset + e.offset, e.length, d.device};
-  };
-  ASSIGN_OR_RETURN(engine::CudaCopyBatch batch,
-                   engine::CudaCopyBatch::Begin(
-                       dst_gpu, engine::CopyChunksBound(target.extents.size() + src.size(),
-                                                        object.size)));
-  absl::Status added;
-  WalkPairs(target.extents.size(), dst_at, src,
-            [&](const Span&, char* dp, const Span&, char* sp, uint64_t n) {
-              if (!added.ok()) return;
-              added = batch.Add(reinterpret_cast<uint64_t>(dp), reinterpret_cast<uint64_t>(sp), n);
-            });
-  RETURN_IF_ERROR(added);
-  RETURN_IF_ERROR(batch.Finish());
-  return PullStats{object.name, object.version, object.size,
-                   absl::ToDoubleSeconds(absl::Now() - start), {}, 0, {},
-                   std::string(PathName(PullPath::kCudaIpc)), std::nullopt};
-}
-
-absl::StatusOr<PullStats> Node::ServeStaged(const metadata::ObjectRecord& object,
-                                            const PullTarget& target, engine::PeerId peer,
-                                            const nlohmann::json& staging, absl::Time deadline) {
-  if (!staging.is_object() || !staging.contains("region")) {
-    return absl::InvalidArgumentError("\"staging\" wants region, slots, slot_bytes and tag");
-  }
-  ASSIGN_OR_RETURN(RegionDescriptor ring_desc,
-                   RegionDescriptorFromJson(staging["region"]));
-  ASSIGN_OR_RETURN(uint64_t slots, UnsignedField(staging, "slots"));
-  ASSIGN_OR_RETURN(uint64_t slot_bytes, UnsignedField(staging, "slot_bytes"));
-  ASSIGN_OR_RETURN(uint64_t tag, UnsignedField(staging, "tag"));
-  if (slots == 0 || slots > 256 || slot_bytes < 4096 ||
-      slot_bytes > options_.staging_slot_bytes || tag + slots > (uint64_t{1} << 32) ||
-      ring_desc.length / slots < slot_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "staging: want 1 to 256 slots of 4096 to ", options_.staging_slot_bytes,
-        " bytes inside the ring region, and tag + slots below 2^32"));
-  }
-  ASSIGN_OR_RETURN(std::shared_ptr<StagingRing> ring, staging_->Acquire());
-  const std::string key = absl::StrCat(target.regions.front().node, "/", tag);
-  auto credits = std::make_shared<Credits>();
-  {
-    absl::MutexLock lock(&credits->mu);
-    credits->freed.assign(slots, -1);
-  }
-  {
-    absl::MutexLock lock(&credits_mu_);
-    if (!credits_.emplace(key, credits).second) {
-      return absl::InvalidArgumentError(absl::StrCat("staging tag ", tag, " is in use"));
-    }
-  }
-  absl::Cleanup forget = [&] {
-    absl::MutexLock lock(&credits_mu_);
-    credits_.erase(key);
-  };
-  std::vector<Span> src;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(src, SpansOf(object.extents));
-  }
-  const absl::Time start = absl::Now();
-  const uint64_t chunks = Chunks(object.size, slot_bytes);
-  std::vector<std::optional<engine::Transfer>> in_flight(ring->slots());
-  engine::TransferStats moved;
-  auto retire = [&](std::optional<engine::Transfer>& t) -> absl::Status {
-    if (!t) return absl::OkStatus();
-    ASSIGN_OR_RETURN(engine::TransferStats s, t->Wait());
-    t.reset();
-    moved.Add(s);
-    return absl::OkStatus();
-  };
-  absl::Status status;
-  for (uint64_t k = 0; k < chunks && status.ok(); ++k) {
-    const size_t mine = k % ring->slots();
-    const uint64_t theirs = k % slots;
-    status = retire(in_flight[mine]);
-    if (!status.ok()) break;
-    if (k >= slots) {
-      const int64_t need = static_cast<int64_t>(k - slots);
-      absl::MutexLock lock(&credits->mu);
-      auto freed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(credits->mu) {
-        return credits->freed[theirs] >= need;
-      };
-      if (!credits->mu.AwaitWithDeadline(absl::Condition(&freed), deadline)) {
-        status = absl::DeadlineExceededError("staged: the destination did not free a slot in time");
-        break;
-      }
-    }
-    const uint64_t offset = k * slot_bytes;
-    const uint64_t length = std::min(slot_bytes, object.size - offset);
-    {
-      absl::ReaderMutexLock lock(&mu_);
-      if (!Attached(object)) {
-        status = Conflict("the object's regions went during the pull");
-        break;
-      }
-      status = RunPieces(PairSpans({{ring->slot(mine), length, Device::Host()}},
-                                   Slice(src, offset, length)));
-      if (!status.ok()) break;
-    }
-    engine::TransferRequest t;
-    t.peer = peer;
-    t.deadline = deadline;
-    t.src = {{ring->region(), mine * ring->slot_bytes(), length}};
-    t.dst_regions = {ring_desc};
-    t.dst = {{0, theirs * slot_bytes, length}};
-    t.immediate = tag + theirs;
-    auto submitted = engine_->Submit(std::move(t));
-    if (!submitted.ok()) {
-      status = submitted.status();
-      break;
-    }
-    in_flight[mine] = std::move(*submitted);
-  }
-  for (auto& t : in_flight) {
-    absl::Status s = retire(t);
-    if (status.ok()) status = s;
-  }
-  if (!status.ok()) {
-    ring->Poison();
-    return status;
-  }
-  return PullStats{object.name,         object.version,
-                   moved.bytes,         absl::ToDoubleSeconds(absl::Now() - start),
-                   moved.bytes_per_rail, moved.rerouted_writes,
-                   moved.failed_rails,  std::string(PathName(PullPath::kStaged)),
-                   std::nullopt};
-}
-
-void Node::OnControl(std::string_view sender, std::string_view payload) {
-  if (!payload.starts_with(kCreditPrefix)) return;
-  const std::string rest(payload.substr(sizeof(kCreditPrefix) - 1));
-  uint64_t tag = 0, chunk = 0;
-  char extra = 0;
-  if (std::sscanf(rest.c_str(), "%" SCNu64 " %" SCNu64 "%c", &tag, &chunk, &extra) != 2) return;
-  std::shared_ptr<Credits> credits;
-  {
-    absl::MutexLock lock(&credits_mu_);
-    auto it = credits_.find(absl::StrCat(std::string(sender), "/", tag));
-    if (it == credits_.end()) return;
-    credits = it->second;
-  }
-  absl::MutexLock lock(&credits->mu);
-  int64_t& freed = credits->freed[chunk % credits->freed.size()];
-  freed = std::max(freed, static_cast<int64_t>(chunk));
+  CloseWindows(old.ids, /*wait=*/true);
 }
 
 absl::Status Node::ReceiveStaged(const std::vector<Extent>& local, uint64_t size,
-                                 StagingRing& ring, uint32_t tag, engine::PeerId source,
+                                 StagingRing& ring, uint32_t tag, std::shared_ptr<Session> source,
                                  absl::Time deadline, const std::atomic<bool>* stop) {
   std::vector<Span> dst;
   {
@@ -406,7 +880,7 @@ absl::Status Node::ReceiveStaged(const std::vector<Extent>& local, uint64_t size
     ASSIGN_OR_RETURN(dst, SpansOf(local));
   }
   const uint64_t slot_bytes = ring.slot_bytes();
-  const uint64_t chunks = Chunks(size, slot_bytes);
+  const uint64_t chunks = (size + slot_bytes - 1) / slot_bytes;
   for (uint64_t k = 0; k < chunks; ++k) {
     const size_t slot = k % ring.slots();
     ASSIGN_OR_RETURN(auto landed, engine_->ExpectImmediates(tag + slot, 1));
@@ -424,232 +898,13 @@ absl::Status Node::ReceiveStaged(const std::vector<Extent>& local, uint64_t size
       RETURN_IF_ERROR(RunPieces(PairSpans(Slice(dst, offset, length),
                                           {{ring.slot(slot), length, Device::Host()}})));
     }
-    RETURN_IF_ERROR(engine_->SendControl(source, absl::StrCat(kCreditPrefix, tag, " ", k),
-                                         deadline));
+    // The slot is free again: one-way, no answer.
+    Transmit(source,
+             auth_.Seal(wire::EncodeEnvelope(
+                 {wire::MessageType::kCredit, 0, self_, wire::Encode(wire::Credit{tag, k})})),
+             deadline, [](absl::StatusOr<std::string>) {});
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<PullStats> Node::Pull(const std::string& from, const std::string& name,
-                                     std::optional<uint64_t> version, const nlohmann::json& into,
-                                     const std::string& as, bool replace,
-                                     std::optional<PullPath> path) {
-  RETURN_IF_ERROR(metadata::ValidateObjectName(name));
-  if (from.rfind("http://", 0) != 0) {
-    return absl::InvalidArgumentError("\"from\" must be an http://host:port URL");
-  }
-  if (!into.is_object()) return absl::InvalidArgumentError("\"into\" must be an object");
-  PullInFlight in_flight(this);
-  const absl::Time deadline = absl::Now() + options_.pull_timeout;
-  httplib::Client client(from);
-  client.set_connection_timeout(5);
-  client.set_read_timeout(static_cast<time_t>(absl::ToInt64Seconds(options_.pull_timeout)) + 10);
-  httplib::Headers headers;
-  if (!options_.peer_token.empty()) {
-    headers.emplace("Authorization", "Bearer " + options_.peer_token);
-  }
-  auto get_json = [&](const std::string& target) -> absl::StatusOr<nlohmann::json> {
-    auto got = client.Get(target.c_str(), headers);
-    RETURN_IF_ERROR(StatusFromResult(got, "source " + from));
-    auto parsed = ParseJson(got->body);
-    nlohmann::json j = parsed.ok() ? std::move(*parsed) : nlohmann::json();
-    if (!j.is_object()) {
-      return absl::UnavailableError(absl::StrCat("source ", from, " answered ", target,
-                                                 " with something that is not a JSON object"));
-    }
-    return j;
-  };
-  const std::string object_path = "/v1/objects/" + EncodeName(name);
-  // What the source is (host, rails) and what the object is (size, devices, on the rails).
-  nlohmann::json source = nlohmann::json::object(), described = nlohmann::json::object();
-  uint64_t size = 0;
-  auto ask_source = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(source, get_json("/v1/node"));
-    ASSIGN_OR_RETURN(described, get_json(object_path + "?extents=false" +
-                                         (version ? absl::StrCat("&version=", *version) : "")));
-    if (!described.contains("size") || !described["size"].is_number_unsigned()) {
-      return absl::UnavailableError("source answered without an object size");
-    }
-    size = described["size"].get<uint64_t>();
-    return absl::OkStatus();
-  };
-  std::vector<Extent> local;
-  std::optional<uint64_t> new_region;
-  const std::string target = as.empty() ? name : as;
-  if (into.contains("device")) {
-    if (!into["device"].is_string()) return absl::InvalidArgumentError("\"device\" must be a string");
-    ASSIGN_OR_RETURN(Device device, Device::Parse(into["device"].get<std::string>()));
-    RETURN_IF_ERROR(metadata::ValidateObjectName(target));
-    if (!replace && catalog_->Get(target).ok()) {
-      return absl::AlreadyExistsError(absl::StrCat("object '", target, "' exists here"));
-    }
-    RETURN_IF_ERROR(ask_source());
-    ASSIGN_OR_RETURN(RegionInfo region, AllocateRegion(device, size, true));
-    new_region = region.id;
-    local.push_back({region.id, 0, region.size});
-  } else if (into.contains("extents") || into.contains("extents_b64") ||
-             into.contains("extents_raw")) {
-    ASSIGN_OR_RETURN(local, RequestExtents(into));
-    if (local.size() > options_.max_extents) {
-      return TooLarge(absl::StrCat(local.size(), " extents; the limit is ", options_.max_extents));
-    }
-    if (local.empty()) return absl::InvalidArgumentError("\"extents\" is empty");
-  } else {
-    return absl::InvalidArgumentError("\"into\" needs \"device\", \"extents\" or \"extents_b64\"");
-  }
-  // Into host extents on the rails with no path named (KV-cache pages, say), the pull goes
-  // straight to the rdma path: one request instead of three. A source whose object is off the
-  // rails refuses (kNotOnRails) and the pull is made again on the staged path.
-  bool optimistic = false;
-  if (!new_region && !path) {
-    absl::ReaderMutexLock lock(&mu_);
-    optimistic = std::all_of(local.begin(), local.end(), [this](const Extent& e) {
-      auto it = regions_.find(e.region);
-      return it != regions_.end() && it->second.engine_id != 0 && !IsCuda(it->second.info.device);
-    });
-  }
-  if (!new_region && !optimistic) RETURN_IF_ERROR(ask_source());
-  auto fail = [&](absl::Status s) {
-    if (new_region) IgnoreError(DeleteRegion(*new_region));
-    return s;
-  };
-
-  nlohmann::json request = {{"node", id()},
-                            {"timeout_ms", absl::ToInt64Milliseconds(options_.pull_timeout)}};
-  if (version) request["version"] = *version;
-  nlohmann::json rails = nlohmann::json::array();
-  for (const engine::RailInfo& r : engine_->rails()) rails.push_back(HexEncode(r.address));
-  request["rails"] = rails;
-  request["bell"] = HexEncode(engine_->bell_address());
-  PathFacts facts;
-  facts.same_host = source.value("host", std::string()) == HostId();
-  facts.cuda_here = engine::CudaDeviceCount() > 0;
-  facts.src_on_rails = described.value("on_rails", true);
-  facts.src_all_gpu = described.contains("devices") && described["devices"].is_array() &&
-                      !described["devices"].empty();
-  if (facts.src_all_gpu) {
-    for (const auto& d : described["devices"]) {
-      if (!d.is_string()) {
-        facts.src_all_gpu = false;
-        continue;
-      }
-      auto device = Device::Parse(d.get<std::string>());
-      if (!device.ok() || !IsCuda(*device)) facts.src_all_gpu = false;
-    }
-  }
-  facts.dst_all_ipc = true;
-  std::string raw_extents;  // sent after the request's JSON (kExtentsContentType)
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    std::map<uint64_t, size_t> index;
-    nlohmann::json regions = nlohmann::json::array();
-    std::vector<Extent> extents;
-    extents.reserve(local.size());
-    for (const Extent& e : local) {
-      auto it = regions_.find(e.region);
-      if (it == regions_.end()) return fail(absl::NotFoundError(absl::StrCat("no region ", e.region)));
-      if (e.length == 0 || !InBounds(e.offset, e.length, it->second.info.size)) {
-        return fail(absl::InvalidArgumentError(
-            absl::StrCat("extent [", e.offset, ", +", e.length, ") is empty or outside region ",
-                         e.region, " of ", it->second.info.size, " bytes")));
-      }
-      auto [slot, added] = index.try_emplace(e.region, index.size());
-      if (added) {
-        const Region& r = it->second;
-        if (r.engine_id == 0) facts.dst_on_rails = false;
-        if (!IsCuda(r.info.device) || r.ipc.handle.empty()) facts.dst_all_ipc = false;
-        RegionDescriptor d = DescriptorOf(r);
-        if (!facts.same_host) {  // IPC handles go only to a source on this host
-          d.ipc_handle.clear();
-          d.ipc_gpu.clear();
-        }
-        regions.push_back(ToJson(d));
-      }
-      extents.push_back({slot->second, e.offset, e.length});
-    }
-    request["regions"] = regions;
-    raw_extents = RawExtents(extents);
-  }
-  const PullPath chosen = path ? *path : ChoosePath(facts);
-  request["path"] = PathName(chosen);
-
-  // The staged path: a ring here that the source WRITEs chunks into, and a thread that copies
-  // them out and gives the slots back.
-  std::shared_ptr<StagingRing> ring;
-  std::thread receiver;
-  std::atomic<bool> stop{false};
-  absl::Status received;
-  const absl::Time start = absl::Now();
-  if (chosen == PullPath::kStaged) {
-    auto acquired = staging_->Acquire();
-    if (!acquired.ok()) return fail(acquired.status());
-    ring = std::move(*acquired);
-    engine::PeerAddress source_address{source.value("id", std::string()), {}, {}};
-    if (source.contains("rails") && source["rails"].is_array()) {
-      for (const auto& r : source["rails"]) {
-        auto raw = HexDecode(r.value("address", std::string()));
-        if (!raw.ok()) return fail(absl::UnavailableError("source sent a bad rail address"));
-        source_address.rails.push_back(std::move(*raw));
-      }
-    }
-    if (source.contains("bell") && source["bell"].is_string()) {
-      auto bell = HexDecode(source["bell"].get<std::string>());
-      if (!bell.ok()) return fail(absl::UnavailableError("source sent a bad bell address"));
-      source_address.bell = std::move(*bell);
-    }
-    auto source_peer = engine_->AddPeer(source_address, deadline);
-    if (!source_peer.ok()) {
-      return fail(absl::UnavailableError(
-          absl::StrCat("source ", from, " unreachable over the rails: ",
-                       source_peer.status().message())));
-    }
-    const uint32_t tag = (next_tag_.fetch_add(1) & 0xffffff) << 8;
-    request["staging"] = {{"region", ToJson(*engine_->Describe(ring->region()))},
-                          {"slots", ring->slots()},
-                          {"slot_bytes", ring->slot_bytes()},
-                          {"tag", tag}};
-    receiver = std::thread([&, tag, peer = *source_peer] {
-      received = ReceiveStaged(local, size, *ring, tag, peer, deadline, &stop);
-    });
-  }
-  // WRITEs land here until the source answers: keep polling the rails (manual progress).
-  engine::AwakeToken awake = engine_->KeepAwake();
-  auto answer = client.Post((object_path + "/pull").c_str(), headers,
-                            request.dump() + "\n" + raw_extents, kExtentsContentType);
-  absl::Status s = StatusFromResult(answer, "source " + from);
-  if (receiver.joinable()) {
-    if (!s.ok()) stop = true;
-    receiver.join();
-    if (s.ok()) s = received;
-    if (!s.ok()) ring->Poison();
-  }
-  awake = engine::AwakeToken();
-  if (optimistic && s.code() == absl::StatusCode::kFailedPrecondition &&
-      absl::StrContains(s.message(), kNotOnRails)) {
-    return Pull(from, name, version, into, as, replace, PullPath::kStaged);
-  }
-  if (!s.ok()) return fail(s);
-  auto parsed = ParseJson(answer->body);
-  if (!parsed.ok() || !parsed->is_object()) return fail(absl::UnavailableError("bad pull answer"));
-  const nlohmann::json& j = *parsed;
-  PullStats stats;
-  stats.object = name;
-  stats.version = j.value("version", uint64_t{0});
-  stats.bytes = j.value("bytes", uint64_t{0});
-  stats.seconds = j.value("seconds", 0.0);
-  stats.path = j.value("path", std::string(PathName(chosen)));
-  if (j.contains("bytes_per_rail")) stats.bytes_per_rail = j["bytes_per_rail"].get<std::vector<uint64_t>>();
-  stats.rerouted_writes = j.value("rerouted_writes", uint64_t{0});
-  if (j.contains("failed_rails")) stats.failed_rails = j["failed_rails"].get<std::vector<size_t>>();
-  if (j.contains("rail_seconds")) stats.rail_seconds = j["rail_seconds"].get<std::vector<double>>();
-  // Staged bytes are in place only once this side has copied the last chunk in.
-  if (chosen == PullPath::kStaged) stats.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  if (new_region) {
-    auto published = Publish(target, local, replace);
-    if (!published.ok()) return fail(published.status());
-    stats.region = new_region;
-  }
-  return stats;
 }
 
 }  // namespace ferry::server

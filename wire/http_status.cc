@@ -75,18 +75,15 @@ absl::StatusCode CodeFromName(const std::string& name) {
 absl::Status StatusFromResult(const httplib::Result& result, const std::string& context) {
   if (!result) {
     const httplib::Error e = result.error();
-    std::string msg = absl::StrCat(context, ": no response (", httplib::to_string(e), ")");
-    if (e == httplib::Error::Read || e == httplib::Error::ConnectionTimeout) {
-      return absl::DeadlineExceededError(msg);
-    }
-    return absl::UnavailableError(msg);
+    // A connection that broke (the node died) and one that timed out look the same here:
+    // both are worth a retry. A caller with a deadline of its own says which it was.
+    return absl::UnavailableError(
+        absl::StrCat(context, ": no response (", httplib::to_string(e), ")"));
   }
   if (result->status >= 200 && result->status < 300) return absl::OkStatus();
   auto j = ParseJson(result->body);
   if (j.ok() && j->is_object() && j->contains("error") && (*j)["error"].is_object()) {
-    const auto& e = (*j)["error"];
-    absl::Status s(CodeFromName(e.value("code", "UNKNOWN")),
-                   absl::StrCat(context, ": ", e.value("message", "")));
+    absl::Status s = StatusFromJson(*j, context);
     if (result->status == 409 && s.code() == absl::StatusCode::kFailedPrecondition) {
       return Conflict(s.message());
     }
@@ -94,6 +91,19 @@ absl::Status StatusFromResult(const httplib::Result& result, const std::string& 
     return s;
   }
   return absl::UnknownError(absl::StrCat(context, ": HTTP ", result->status));
+}
+
+absl::Status StatusFromJson(const nlohmann::json& body, const std::string& context) {
+  if (!body.is_object() || !body.contains("error") || !body["error"].is_object()) {
+    return absl::UnknownError(absl::StrCat(context, ": an error without its shape"));
+  }
+  const auto& e = body["error"];
+  absl::StatusCode code = absl::StatusCode::kUnknown;
+  std::string message;
+  if (e.contains("code") && e["code"].is_string()) code = CodeFromName(e["code"].get<std::string>());
+  if (e.contains("message") && e["message"].is_string()) message = e["message"].get<std::string>();
+  if (code == absl::StatusCode::kOk) code = absl::StatusCode::kUnknown;
+  return absl::Status(code, absl::StrCat(context, ": ", message));
 }
 
 absl::StatusOr<nlohmann::json> ParseJson(std::string_view text, size_t max_depth) {

@@ -34,10 +34,11 @@ int HttpStatusFor(const absl::Status& s);
 nlohmann::json ErrorBody(const absl::Status& s);
 // Writes `s` as the response: its HTTP status and error body.
 void WriteError(httplib::Response& res, const absl::Status& s);
-// Reads a client call's outcome back into a Status: no response is kUnavailable (or
-// kDeadlineExceeded on a timeout); an error body gives its code and message; `context`
-// is prefixed.
+// Reads a client call's outcome back into a Status: no response is kUnavailable; an error body
+// gives its code and message; `context` is prefixed.
 absl::Status StatusFromResult(const httplib::Result& result, const std::string& context);
+// The Status an error body ({"error":{"code","message"}}) carries, `context` prefixed.
+absl::Status StatusFromJson(const nlohmann::json& body, const std::string& context);
 
 // Bodies nested deeper than this are refused before they are parsed (nlohmann's DOM copies
 // and destroys recursively: a deep enough body overflows the stack).

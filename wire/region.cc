@@ -123,4 +123,28 @@ absl::Status Decode(ByteReader& in, RegionDescriptor* d) {
   return absl::OkStatus();
 }
 
+void Encode(const PeerAddress& a, ByteWriter& out) {
+  out.Bytes(a.node);
+  out.U32(static_cast<uint32_t>(a.rails.size()));
+  for (const std::string& r : a.rails) out.Bytes(r);
+  out.Bytes(a.bell);
+}
+
+absl::Status Decode(ByteReader& in, PeerAddress* a) {
+  uint32_t rails = 0;
+  if (!in.Bytes(&a->node) || !in.U32(&rails) || rails > 64) {
+    return absl::InvalidArgumentError("peer address: short or malformed");
+  }
+  a->rails.resize(rails);
+  for (std::string& r : a->rails) {
+    if (!in.Bytes(&r) || r.empty() || r.size() > 256) {
+      return absl::InvalidArgumentError("peer address: bad rail address");
+    }
+  }
+  if (!in.Bytes(&a->bell) || a->bell.size() > 256 || a->node.empty() || a->node.size() > 256) {
+    return absl::InvalidArgumentError("peer address: bad node id or bell");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace ferry

@@ -41,6 +41,15 @@ struct RegionDescriptor {
   bool operator==(const RegionDescriptor&) const = default;
 };
 
+// How to reach a node over the fabric: its node id, one raw endpoint name per rail (as
+// fi_getname gives it) and its engine's bell's (empty when it has none).
+struct PeerAddress {
+  std::string node;
+  std::vector<std::string> rails;
+  std::string bell;
+  bool operator==(const PeerAddress&) const = default;
+};
+
 nlohmann::json ToJson(const RegionDescriptor& d);
 // kInvalidArgument when a field is missing, has the wrong type, or the device is unknown.
 absl::StatusOr<RegionDescriptor> RegionDescriptorFromJson(const nlohmann::json& j);
@@ -48,6 +57,9 @@ absl::StatusOr<RegionDescriptor> RegionDescriptorFromJson(const nlohmann::json& 
 // Binary form (docs/wire_format.md). Decode: kInvalidArgument on short or malformed input.
 void Encode(const RegionDescriptor& d, ByteWriter& out);
 absl::Status Decode(ByteReader& in, RegionDescriptor* d);
+void Encode(const PeerAddress& a, ByteWriter& out);
+// kInvalidArgument: malformed, or more than 64 rails or addresses over 256 bytes.
+absl::Status Decode(ByteReader& in, PeerAddress* a);
 
 }  // namespace ferry
 

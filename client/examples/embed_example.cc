@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "ferry/client.h"
+#include "ferry/node.h"
 
 int main() {
   auto dir = std::filesystem::temp_directory_path() / "ferry-embed-example";
@@ -26,8 +26,8 @@ int main() {
   auto region = (*trainer)->Register(weights.data(), weights.size());
   const uint64_t mib = 1 << 20;
   auto published = (*trainer)->Publish(
-      "model/step-100", {{*region, 3 * mib, mib}, {*region, 0, mib}, {*region, 2 * mib, mib},
-                         {*region, mib, mib}});
+      "model/step-100", ferry::Layout({{*region, 3 * mib, mib}, {*region, 0, mib},
+                                       {*region, 2 * mib, mib}, {*region, mib, mib}}));
   if (!published.ok()) {
     std::fprintf(stderr, "publish: %s\n", published.status().ToString().c_str());
     return 1;
@@ -37,7 +37,7 @@ int main() {
   auto r1 = (*replica)->Register(first.data(), first.size());
   auto r2 = (*replica)->Register(second.data(), second.size());
   auto pulled = (*replica)->PullInto((*trainer)->url(), "model/step-100",
-                                     {{*r1, 0, 2 * mib}, {*r2, 0, 2 * mib}});
+                                     ferry::Layout({{*r1, 0, 2 * mib}, {*r2, 0, 2 * mib}}));
   if (!pulled.ok()) {
     std::fprintf(stderr, "pull: %s\n", pulled.status().ToString().c_str());
     return 1;

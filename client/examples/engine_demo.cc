@@ -122,6 +122,12 @@ int RunDestination(const Flags& f, const std::string& self) {
     std::cerr << "register: " << region.status() << "\n";
     return 1;
   }
+  // The source may WRITE into the buffer while the window is open.
+  auto window = engine->OpenWindow(*region, 0, dst_size);
+  if (!window.ok()) {
+    std::cerr << "window: " << window.status() << "\n";
+    return 1;
+  }
   std::printf("destination %s: %zu rails (%s, domain %s), buffer of %lu bytes registered\n",
               engine->node_id().c_str(), engine->rails().size(), engine->rails()[0].provider.c_str(),
               engine->rails()[0].domain.c_str(), static_cast<unsigned long>(dst_size));
@@ -141,7 +147,7 @@ int RunDestination(const Flags& f, const std::string& self) {
   // WRITEs are coming until the source answers: keep polling the rails meanwhile.
   ferry::engine::AwakeToken awake = engine->KeepAwake();
   auto reply = (*source)->Call({{"address", ferry::testing::AddressToJson(engine->address())},
-                                {"region", ferry::ToJson(*engine->Describe(*region))},
+                                {"region", ferry::ToJson(window->descriptor)},
                                 {"src_size", src_size},
                                 {"src", ferry::testing::ExtentsToJson(src)},
                                 {"dst", ferry::testing::ExtentsToJson(dst)},

@@ -163,7 +163,7 @@ class EngineSession {
     o.wait_fds = f.wait_fds;
     ASSIGN_OR_RETURN(s->engine_, engine::Engine::Create(o));
     ASSIGN_OR_RETURN(s->region_, s->engine_->RegisterMemory(src, f.total, Device::Host()));
-    ASSIGN_OR_RETURN(engine::PeerAddress address, testing::AddressFromJson(hello["address"]));
+    ASSIGN_OR_RETURN(PeerAddress address, testing::AddressFromJson(hello["address"]));
     ASSIGN_OR_RETURN(engine::PeerId peer,
                      s->engine_->AddPeer(address, absl::Now() + absl::Seconds(30)));
     ASSIGN_OR_RETURN(RegionDescriptor dst,

@@ -383,17 +383,21 @@ TEST_P(EngineTest, ControlMessagesReachThePeer) {
     ASSERT_OK(engine_->SendControl(peer_id_, "hello " + std::to_string(i),
                                    absl::Now() + absl::Seconds(10)));
   }
-  std::string big(5000, 'x');
-  EXPECT_THAT(engine_->SendControl(peer_id_, big), StatusIs(absl::StatusCode::kInvalidArgument));
+  // Longer than a frame: sent in fragments, put together again before the handler sees it.
+  std::string big(100000, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>('a' + i % 26);
+  ASSERT_OK(engine_->SendControl(peer_id_, big, absl::Now() + absl::Seconds(10)));
+  EXPECT_THAT(engine_->SendControl(peer_id_, std::string((16 << 20) + 1, 'x')),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(engine_->SendControl(peer_id_ + 100, "x"), StatusIs(absl::StatusCode::kNotFound));
   nlohmann::json reply;
   for (int tries = 0; tries < 100; ++tries) {
     ASSERT_OK_AND_ASSIGN(reply, peer_->Call({{"cmd", "controls"}}));
-    if (reply["count"] == 100) break;
+    if (reply["count"] == 101) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
-  EXPECT_EQ(reply["count"], 100);
-  EXPECT_EQ(reply["last"], "hello 99");
+  EXPECT_EQ(reply["count"], 101);
+  EXPECT_TRUE(reply["last"] == big) << "the fragmented message came back different";
 }
 
 TEST_P(EngineTest, BadRequestsAreRefusedAndWriteNothing) {
@@ -746,7 +750,8 @@ TEST(EngineBellTest, AnEngineAsleepOnItsBellIsRungByAPeerThatSendsToIt) {
   SourceBuffer src(*a, kSize);
   std::vector<uint8_t> dst(kSize);
   ASSERT_OK_AND_ASSIGN(RegionId d, b->RegisterMemory(dst.data(), dst.size(), Device::Host()));
-  ASSERT_OK_AND_ASSIGN(RegionDescriptor desc, b->Describe(d));
+  ASSERT_OK_AND_ASSIGN(Window window, b->OpenWindow(d, 0, dst.size()));
+  const RegionDescriptor desc = window.descriptor;
   PeerId peer = 0;
   for (int round = 0; round < 3; ++round) {
     absl::SleepFor(kFallAsleep);
@@ -803,7 +808,8 @@ TEST(EngineCreateTest, TopologyPlacesRailsWithoutAPciDeviceInTheHostGroup) {
   ASSERT_OK_AND_ASSIGN(RegionId s, engine->RegisterMemory(src.data(), src.size(), Device::Host()));
   ASSERT_OK_AND_ASSIGN(RegionId d, engine->RegisterMemory(dst.data(), dst.size(), Device::Host()));
   ASSERT_OK_AND_ASSIGN(PeerId self, engine->AddPeer(engine->address()));
-  ASSERT_OK_AND_ASSIGN(RegionDescriptor desc, engine->Describe(d));
+  ASSERT_OK_AND_ASSIGN(Window window, engine->OpenWindow(d, 0, dst.size()));
+  const RegionDescriptor desc = window.descriptor;
   ASSERT_OK(engine->Write({.peer = self, .src = {{s, 0, src.size()}}, .dst_regions = {desc},
                            .dst = {{0, 0, dst.size()}}}).status());
   EXPECT_EQ(src, dst);

@@ -44,10 +44,12 @@ TEST_F(CatalogTest, PublishedObjectsComeBackAfterReopenWithNamesVersionsAndLayou
   const std::string id = catalog_->node_id();
   ASSERT_NO_FATAL_FAILURE(Reopen());
   EXPECT_EQ(catalog_->node_id(), id);
-  ASSERT_OK_AND_ASSIGN(ObjectRecord latest, catalog_->Get("models/llama/w0"));
+  ASSERT_OK_AND_ASSIGN(auto latest_ptr, catalog_->Get("models/llama/w0"));
+  const ObjectRecord& latest = *latest_ptr;
   EXPECT_EQ(latest.version, 2u);
   EXPECT_EQ(latest.extents, (std::vector<Extent>{{3, 0, 5}}));
-  ASSERT_OK_AND_ASSIGN(ObjectRecord v1, catalog_->Get("models/llama/w0", 1));
+  ASSERT_OK_AND_ASSIGN(auto v1_ptr, catalog_->Get("models/llama/w0", 1));
+  const ObjectRecord& v1 = *v1_ptr;
   EXPECT_EQ(v1.extents, layout);
   EXPECT_EQ(catalog_->RegionUsers(1), 1u);
   EXPECT_EQ(catalog_->RegionUsers(3), 1u);
@@ -57,7 +59,8 @@ TEST_F(CatalogTest, PublishingAnExistingNameWithoutReplaceIsAlreadyExistsAndChan
   ASSERT_OK(catalog_->Publish("a", {{1, 0, 10}}, false).status());
   EXPECT_THAT(catalog_->Publish("a", {{9, 0, 99}}, false),
               StatusIs(absl::StatusCode::kAlreadyExists));
-  ASSERT_OK_AND_ASSIGN(ObjectRecord r, catalog_->Get("a"));
+  ASSERT_OK_AND_ASSIGN(auto r_ptr, catalog_->Get("a"));
+  const ObjectRecord& r = *r_ptr;
   EXPECT_EQ(r.version, 1u);
   EXPECT_EQ(r.size, 10u);
   EXPECT_EQ(catalog_->RegionUsers(9), 0u);
@@ -110,13 +113,15 @@ TEST_F(CatalogTest, KeepVersionsDropsTheOldestOnPublishAndReleasesTheirRegions) 
   ASSERT_OK(catalog_->Publish("a", {{3, 0, 10}, {9, 0, 1}}, true, &released).status());
   EXPECT_THAT(released, ::testing::ElementsAre(1u));
   EXPECT_THAT(catalog_->Get("a", 1), StatusIs(absl::StatusCode::kNotFound));
-  ASSERT_OK_AND_ASSIGN(ObjectRecord v2, catalog_->Get("a", 2));
+  ASSERT_OK_AND_ASSIGN(auto v2_ptr, catalog_->Get("a", 2));
+  const ObjectRecord& v2 = *v2_ptr;
   EXPECT_EQ(v2.extents[0].region, 2u);
   EXPECT_EQ(catalog_->RegionUsers(9), 1u);
   released.clear();
   ASSERT_OK(catalog_->Publish("a", {{4, 0, 10}}, true, &released).status());
   EXPECT_THAT(released, ::testing::ElementsAre(2u));
-  ASSERT_OK_AND_ASSIGN(ObjectRecord latest, catalog_->Get("a"));
+  ASSERT_OK_AND_ASSIGN(auto latest_ptr, catalog_->Get("a"));
+  const ObjectRecord& latest = *latest_ptr;
   EXPECT_EQ(latest.version, 4u);
   ASSERT_OK(catalog_->Get("ab", 1).status());  // other names keep theirs
   // What was dropped stays dropped, and the counts agree, after a restart.

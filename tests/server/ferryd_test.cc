@@ -22,6 +22,9 @@
 #include "server/node.h"
 #include "tests/testing/ferryd_process.h"
 #include "tests/testing/subprocess.h"
+#include "base/hex.h"
+#include "ferry/layout.h"
+#include "wire/messages.h"
 
 namespace ferry {
 namespace {
@@ -107,6 +110,29 @@ std::string ErrorCode(const httplib::Result& r) {
     ASSERT_TRUE(r_) << "no response";                             \
     EXPECT_EQ(r_->status, http_status) << r_->body;               \
     EXPECT_EQ(ErrorCode(r_), error_code) << r_->body;             \
+  } while (0)
+
+// A node-to-node message to `node` over POST /v1/peer, from a node at `from`; its answer.
+absl::StatusOr<wire::Envelope> PeerCall(const Ferryd& node, wire::MessageType type,
+                                        std::string body, const PeerAddress& from) {
+  static uint64_t next_id = 1;
+  auto r = node.Client().Post("/v1/peer",
+                              wire::EncodeEnvelope({type, next_id++, from, std::move(body)}),
+                              wire::kMessageContentType);
+  if (!r) return absl::UnavailableError("no answer");
+  if (r->status != 200) return absl::UnknownError("HTTP " + std::to_string(r->status) + r->body);
+  return wire::DecodeEnvelope(r->body);
+}
+
+// The answer is an error of this code.
+#define EXPECT_PEER_ERROR(answer, want)                                      \
+  do {                                                                       \
+    auto peer_answer_ = (answer);                                            \
+    ASSERT_TRUE(peer_answer_.ok()) << peer_answer_.status();                 \
+    ASSERT_EQ(peer_answer_->type, wire::MessageType::kError);                \
+    absl::Status peer_status_;                                               \
+    ASSERT_TRUE(wire::DecodeStatus(peer_answer_->body, &peer_status_).ok()); \
+    EXPECT_EQ(peer_status_.code(), want) << peer_status_;                    \
   } while (0)
 
 std::string RandomBytes(size_t n, uint64_t seed) {
@@ -690,61 +716,66 @@ TEST_F(FerrydTest, BadPullsGetTheirCodeAndTheNodesKeepServing) {
   EXPECT_THAT(differ->body, ::testing::HasSubstr("hold 100 bytes"));
   ASSERT_EQ(pull({{"from", a_->url()}, {"object", "obj"}})->status, 200);
   EXPECT_HTTP_ERROR(pull({{"from", a_->url()}, {"object", "obj"}}), 409, "ALREADY_EXISTS");
-  // Machine-to-machine requests crafted by hand: overlapping destination extents, bad
-  // descriptors, wrong types.
+  // Node-to-node requests crafted by hand (POST /v1/peer, as the HTTP fallback carries them):
+  // overlapping destination extents, extents outside their region or naming none, bad bytes.
   auto node_b = json::parse(cb.Get("/v1/node")->body);
-  json rails = json::array();
-  for (auto& r : node_b["rails"]) rails.push_back(r["address"]);
-  json desc = {{"node", node_b["id"]}, {"addr", 1 << 20}, {"length", 8192}, {"device", "host"},
-               {"offset_addressing", true}, {"keys", {1, 2}}};
-  auto direct = [&](json extents) {
-    return ca.Post("/v1/objects/obj/pull",
-                   json{{"node", node_b["id"]}, {"rails", rails}, {"regions", {desc}}, {"extents", extents}}.dump(),
-                   "application/json");
+  PeerAddress b_address{node_b["id"].get<std::string>(), {}, ""};
+  for (auto& r : node_b["rails"]) {
+    b_address.rails.push_back(HexDecode(r["address"].get<std::string>()).value());
+  }
+  RegionDescriptor desc{.node = b_address.node, .addr = 1 << 20, .length = 8192,
+                        .offset_addressing = true, .keys = {1, 2}};
+  auto direct = [&](std::vector<Extent> extents) {
+    wire::PullRequest request;
+    request.object = "obj";
+    request.regions = {desc};
+    request.layout = Layout(extents);
+    return PeerCall(*a_, wire::MessageType::kPull, wire::Encode(request), b_address);
   };
-  EXPECT_HTTP_ERROR(direct({{{"region", 0}, {"offset", 0}, {"length", 4096}},
-                            {{"region", 0}, {"offset", 4000}, {"length", 4096}}}),
-                    400, "INVALID_ARGUMENT");
-  EXPECT_HTTP_ERROR(direct({{{"region", 0}, {"offset", 1}, {"length", 8192}}}), 400, "INVALID_ARGUMENT");
-  EXPECT_HTTP_ERROR(direct({{{"region", 1}, {"offset", 0}, {"length", 8192}}}), 400, "INVALID_ARGUMENT");
-  EXPECT_HTTP_ERROR(direct({{{"region", 0}, {"offset", "0"}, {"length", 8192}}}), 400, "INVALID_ARGUMENT");
-  EXPECT_HTTP_ERROR(ca.Post("/v1/objects/obj/pull", "{", "application/json"), 400, "INVALID_ARGUMENT");
+  EXPECT_PEER_ERROR(direct({{0, 0, 4096}, {0, 4000, 4096}}), absl::StatusCode::kInvalidArgument);
+  EXPECT_PEER_ERROR(direct({{0, 1, 8192}}), absl::StatusCode::kInvalidArgument);
+  EXPECT_PEER_ERROR(direct({{1, 0, 8192}}), absl::StatusCode::kInvalidArgument);
+  EXPECT_PEER_ERROR(PeerCall(*a_, wire::MessageType::kPull, "{", b_address),
+                    absl::StatusCode::kInvalidArgument);
+  auto garbage = ca.Post("/v1/peer", "not a message", wire::kMessageContentType);
+  ASSERT_TRUE(garbage);
+  EXPECT_EQ(garbage->status, 200);  // the answer is a message: an error
+  EXPECT_EQ(wire::DecodeEnvelope(garbage->body)->type, wire::MessageType::kError);
   EXPECT_EQ(ca.Get("/v1/health")->status, 200);
   EXPECT_EQ(cb.Get("/v1/health")->status, 200);
 }
 
-TEST_F(FerrydTest, PullsNamingRailsThatNeverAnswerGet503AndTheSourceKeepsServing) {
+TEST_F(FerrydTest, PullsFromANodeWhoseRailsNeverAnswerGet503AndTheSourceKeepsServing) {
   Upload(*a_, "obj", RandomBytes(8192, 7));
-  // 127.0.0.1:1 as a raw tcp endpoint name (sockaddr_in): nothing listens there.
+  // A destination at 127.0.0.1:1 (a raw tcp endpoint name, a sockaddr_in): nothing listens.
   sockaddr_in sin = {};
   sin.sin_family = AF_INET;
   sin.sin_port = htons(1);
   sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string hex;
-  for (size_t i = 0; i < sizeof(sin); ++i) {
-    char b[3];
-    snprintf(b, sizeof(b), "%02x", reinterpret_cast<const unsigned char*>(&sin)[i]);
-    hex += b;
-  }
-  const json body = {{"node", "nobody"},
-                     {"rails", {hex}},
-                     {"timeout_ms", 300},
-                     {"regions", {{{"node", "nobody"}, {"addr", 0}, {"length", 8192},
-                                   {"device", "host"}, {"offset_addressing", true},
-                                   {"keys", {1}}}}},
-                     {"extents", {{0, 0, 8192}}}};
+  const PeerAddress nobody{"nobody", {std::string(reinterpret_cast<const char*>(&sin), sizeof(sin))}, ""};
+  wire::PullRequest request;
+  request.object = "obj";
+  request.timeout_ms = 300;
+  request.regions = {RegionDescriptor{.node = "nobody", .length = 8192, .offset_addressing = true,
+                                      .keys = {1}}};
+  request.layout = Layout({{0, 0, 8192}});
+  const std::string body = wire::Encode(request);
   // Retried: the second try crashed the source (its first hello still queued in the provider
   // for an address that had left the AV).
   for (int i = 0; i < 3; ++i) {
-    EXPECT_HTTP_ERROR(a_->Client().Post("/v1/objects/obj/pull", body.dump(), "application/json"),
-                      503, "UNAVAILABLE");
+    EXPECT_PEER_ERROR(PeerCall(*a_, wire::MessageType::kPull, body, nobody),
+                      absl::StatusCode::kUnavailable);
   }
   std::vector<std::thread> many;
   std::atomic<int> refused{0};
   for (int i = 0; i < 12; ++i) {
     many.emplace_back([&] {
-      auto r = a_->Client().Post("/v1/objects/obj/pull", body.dump(), "application/json");
-      if (r && r->status == 503) ++refused;
+      auto a = PeerCall(*a_, wire::MessageType::kPull, body, nobody);
+      absl::Status s;
+      if (a.ok() && a->type == wire::MessageType::kError && wire::DecodeStatus(a->body, &s).ok() &&
+          s.code() == absl::StatusCode::kUnavailable) {
+        ++refused;
+      }
     });
   }
   for (auto& t : many) t.join();

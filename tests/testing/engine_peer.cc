@@ -23,14 +23,14 @@ nlohmann::json ExtentsToJson(const std::vector<Extent>& extents) {
   return out;
 }
 
-nlohmann::json AddressToJson(const engine::PeerAddress& address) {
+nlohmann::json AddressToJson(const PeerAddress& address) {
   nlohmann::json rails = nlohmann::json::array();
   for (const std::string& r : address.rails) rails.push_back(HexEncode(r));
   return {{"node", address.node}, {"rails", rails}, {"bell", HexEncode(address.bell)}};
 }
 
-absl::StatusOr<engine::PeerAddress> AddressFromJson(const nlohmann::json& j) {
-  engine::PeerAddress a;
+absl::StatusOr<PeerAddress> AddressFromJson(const nlohmann::json& j) {
+  PeerAddress a;
   a.node = j.at("node").get<std::string>();
   for (const auto& r : j.at("rails")) {
     auto raw = HexDecode(r.get<std::string>());
@@ -89,12 +89,15 @@ int RunEnginePeer(int argc, char** argv) {
   auto* buf = static_cast<uint8_t*>(engine::AllocateHostMemory(size));
   memset(buf, canary, size);
   auto region = (*engine)->RegisterMemory(buf, size, Device::Host());
-  if (!region.ok()) {
-    std::cout << nlohmann::json{{"error", region.status().ToString()}}.dump() << std::endl;
+  // The whole region open to the source for the peer's life.
+  auto window = region.ok() ? (*engine)->OpenWindow(*region, 0, size)
+                            : absl::StatusOr<engine::Window>(region.status());
+  if (!window.ok()) {
+    std::cout << nlohmann::json{{"error", window.status().ToString()}}.dump() << std::endl;
     return 1;
   }
   std::cout << nlohmann::json{{"address", AddressToJson((*engine)->address())},
-                              {"region", ToJson(*(*engine)->Describe(*region))}}
+                              {"region", ToJson(window->descriptor)}}
                    .dump()
             << std::endl;
 

@@ -29,8 +29,8 @@ int RunEnginePeer(int argc, char** argv);
 
 // Helpers for the side that talks to a peer.
 nlohmann::json ExtentsToJson(const std::vector<Extent>& extents);
-nlohmann::json AddressToJson(const engine::PeerAddress& address);
-absl::StatusOr<engine::PeerAddress> AddressFromJson(const nlohmann::json& j);
+nlohmann::json AddressToJson(const PeerAddress& address);
+absl::StatusOr<PeerAddress> AddressFromJson(const nlohmann::json& j);
 
 }  // namespace ferry::testing
 

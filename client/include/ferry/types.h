@@ -5,8 +5,10 @@
 
 #include <charconv>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -50,6 +52,35 @@ struct Extent {
   uint64_t offset = 0;
   uint64_t length = 0;
   bool operator==(const Extent&) const = default;
+};
+
+// One version of a named object as a node describes it.
+struct ObjectInfo {
+  std::string name;
+  uint64_t version = 0;  // 1, 2, ... per name
+  uint64_t size = 0;     // bytes
+  int64_t created_ms = 0;  // publish time, Unix milliseconds
+  bool durable = true;     // in the catalog on disk (false: in memory, gone at restart)
+  bool detached = false;   // a region of its layout is not registered (since a restart)
+  bool on_rails = true;    // every region of its layout is registered on the rails
+  std::vector<Device> devices;  // where its extents live, each once
+  std::vector<Extent> extents;  // its layout (empty when asked for without)
+};
+
+// What a pull did. Bytes, per-rail figures and seconds come from the source; `seconds` runs
+// from the first WRITE to the last completion (staged: to the last byte copied in).
+struct PullStats {
+  std::string object;
+  uint64_t version = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
+  std::string path;  // "rdma", "cuda_ipc" or "staged"
+  std::vector<uint64_t> bytes_per_rail;
+  uint64_t rerouted_writes = 0;      // sent again on another rail after theirs failed
+  std::vector<size_t> failed_rails;  // the source's rails that failed during the pull
+  std::vector<double> rail_seconds;  // per source rail: its last delivery completion
+  std::optional<uint64_t> region;    // the new buffer, for a pull into one
+  std::string via;                   // how the nodes talked: "fabric", "http" or "local"
 };
 
 // True when [offset, offset + length) lies inside [0, region_length), without overflow.

@@ -1,0 +1,93 @@
+// The node's private types, shared by node.cc, node_pull.cc and node_serve.cc.
+#ifndef FERRY_SERVER_NODE_INTERNAL_H_
+#define FERRY_SERVER_NODE_INTERNAL_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/node.h"
+#include "wire/messages.h"
+
+namespace ferry::server {
+
+// How a source says that the destination's prepared destination is unknown to it at that
+// epoch (kAborted): the destination sends it again, defined.
+inline constexpr char kStalePrepared[] = "prepared destination unknown at this epoch";
+
+// Destination side: what this node knows of another node, from first contact on. A peer that
+// restarts has a new id: a failed call drops the session and the next contact makes a new one.
+struct Node::Session {
+  std::string url;
+  wire::NodeSummary info;
+  engine::PeerId peer = 0;  // in the engine; 0: not reached over the fabric
+  PeerTransport* transport = nullptr;
+  absl::Mutex mu;
+  std::map<uint64_t, uint64_t> shown ABSL_GUARDED_BY(mu);  // prepared handle -> epoch it knows
+};
+
+// Windows a destination opened: one per region it writes into, over the span its pieces
+// cover, and the pieces as the source addresses them (region: index into `descriptors`;
+// offset: into the window). Memory off the rails gets its descriptor without keys and no
+// window (the same-host and staged paths reach it).
+struct Node::Windows {
+  std::vector<uint64_t> ids;
+  std::vector<RegionDescriptor> descriptors;
+  std::vector<Extent> extents;
+};
+
+// A prepared destination: its pieces (in layout order, over this node's regions) and its
+// standing windows; a new epoch when they are replaced.
+struct Node::Prepared {
+  uint64_t handle = 0;
+  std::atomic<uint64_t> epoch{1};
+  std::vector<Extent> pieces;
+  uint64_t size = 0;
+  std::vector<uint64_t> regions;
+  Windows windows;  // guarded by Node::mu_ once prepared
+  std::atomic<int> running{0};
+};
+
+// One answer another thread waits for.
+class Waiter {
+ public:
+  void Set(absl::StatusOr<wire::Envelope> answer) {
+    absl::MutexLock lock(&mu_);
+    if (done_) return;
+    done_ = true;
+    answer_ = std::move(answer);
+  }
+  // True once the answer is in; false when `until` passes first (it may come later).
+  bool WaitUntil(absl::Time until) {
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
+    return mu_.AwaitWithDeadline(absl::Condition(&done), until);
+  }
+  // The answer, or kDeadlineExceeded once `deadline` passes (then `on_timeout` runs first).
+  absl::StatusOr<wire::Envelope> Wait(absl::Time deadline, const std::function<void()>& on_timeout) {
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
+      mu_.Unlock();
+      on_timeout();
+      mu_.Lock();
+      if (!done_) return absl::DeadlineExceededError("no answer before the deadline");
+    }
+    return answer_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::StatusOr<wire::Envelope> answer_ ABSL_GUARDED_BY(mu_) = absl::UnknownError("");
+};
+
+}  // namespace ferry::server
+
+#endif  // FERRY_SERVER_NODE_INTERNAL_H_
