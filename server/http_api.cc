@@ -352,6 +352,9 @@ void PullsRoute(Node& node, const httplib::Request& req, httplib::Response& res)
 
 void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& options) {
   server.set_payload_max_length(options.max_body);
+  // httplib's stop() waits for idle keep-alive connections to time out: a short idle timeout
+  // bounds how long a node takes to stop while clients and peers hold connections to it.
+  server.set_keep_alive_timeout(1);
   // Requests of the methods with bodies are checked by their routes (Guarded).
   server.set_pre_routing_handler([options](const httplib::Request& req, httplib::Response& res) {
     const std::string& m = req.method;

@@ -381,15 +381,15 @@ void Node::ServePull(const PeerAddress& from, uint64_t id, wire::PullRequest req
                      std::function<void(absl::StatusOr<PullStats>)> done) {
   const std::string key = absl::StrCat(from.node, "/", id);
   auto served = std::make_shared<ServedPull>();
+  bool added = false;
   {
     absl::MutexLock lock(&served_mu_);
-    auto [it, added] = served_.emplace(key, served);
-    if (!added) {
-      // A cancel that came first, or the same request twice: either way it does not run.
-      served_.erase(it);
-      return done(absl::CancelledError(absl::StrCat("pull ", id, " was cancelled")));
-    }
+    auto it = served_.emplace(key, served);
+    added = it.second;
+    // A cancel that came first, or the same request twice: either way it does not run.
+    if (!added) served_.erase(it.first);
   }
+  if (!added) return done(absl::CancelledError(absl::StrCat("pull ", id, " was cancelled")));
   // Counted until its answer goes: buffers of versions dropped meanwhile are freed by then
   // (on a serving thread: the answer may come from a progress thread, which must not wait).
   auto in_flight = std::make_shared<std::unique_ptr<PullInFlight>>(std::make_unique<PullInFlight>(this));
