@@ -33,6 +33,7 @@ struct Client::Impl {
   httplib::Client http;
   explicit Impl(const std::string& u, const std::string& token) : url(u), http(u) {
     http.set_keep_alive(true);
+    http.set_tcp_nodelay(true);  // a request's headers and body go in separate writes
     http.set_connection_timeout(5);
     http.set_read_timeout(3600);
     http.set_write_timeout(3600);

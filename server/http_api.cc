@@ -355,6 +355,8 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
   // httplib's stop() waits for idle keep-alive connections to time out: a short idle timeout
   // bounds how long a node takes to stop while clients and peers hold connections to it.
   server.set_keep_alive_timeout(1);
+  // Without it a kept connection's next answer waits for the client's delayed ACK (Nagle).
+  server.set_tcp_nodelay(true);
   // Requests of the methods with bodies are checked by their routes (Guarded).
   server.set_pre_routing_handler([options](const httplib::Request& req, httplib::Response& res) {
     const std::string& m = req.method;

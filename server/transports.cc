@@ -69,6 +69,7 @@ class HttpTransport : public PeerTransport {
     }
     auto c = std::make_unique<httplib::Client>(url);
     c->set_keep_alive(true);
+    c->set_tcp_nodelay(true);
     c->set_connection_timeout(5);
     c->set_write_timeout(60);
     return c;

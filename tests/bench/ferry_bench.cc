@@ -488,12 +488,13 @@ int main(int argc, char** argv) {
   raw->add_option("--size", raw_size);
   ferry::bench::NodeFlags nf;
   nf.ferryd = FERRYD_PATH;
-  CLI::App* node = app.add_subcommand("node", "pulls through ferryd's HTTP path vs the engine; catalog");
+  CLI::App* node = app.add_subcommand("node", "pulls over HTTP, the client and an embedded node vs the engine; catalog");
   node->add_option("--rails", nf.rails, "rails per node");
   node->add_option("--sizes", nf.sizes, "object sizes, comma-separated")->delimiter(',');
   node->add_option("--iters", nf.iters, "timed pulls per size (median)");
   node->add_option("--latency-iters", nf.latency_iters, "pulls and lookups for percentiles");
   node->add_option("--objects", nf.objects, "objects in the catalog");
+  node->add_option("--max-extents", nf.max_extents, "pieces of 64 KiB in the largest many-piece pull");
   node->add_option("--ferryd", nf.ferryd, "ferryd to start");
   node->add_flag("--json", nf.json, "one JSON object per row");
   ferry::bench::RailsFlags rf;
@@ -551,8 +552,9 @@ int main(int argc, char** argv) {
   }
   if (*raw) return ferry::bench::RunRawPeer(raw_provider, raw_domain, raw_size);
   if (*node) {
-    if (nf.iters < 1 || nf.latency_iters < 1 || nf.objects == 0 || nf.rails == 0) {
-      std::cerr << "--iters, --latency-iters, --objects and --rails must be positive\n";
+    if (nf.iters < 1 || nf.latency_iters < 1 || nf.objects == 0 || nf.rails == 0 ||
+        nf.max_extents == 0) {
+      std::cerr << "--iters, --latency-iters, --objects, --rails and --max-extents must be positive\n";
       return 2;
     }
     return ferry::bench::RunNodeBench(nf);

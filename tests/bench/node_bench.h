@@ -1,5 +1,6 @@
-// ferry-bench node: pull latency and throughput through the HTTP path next to the engine's
-// own time for the same WRITEs; catalog publish rate and lookup latency.
+// ferry-bench node: pull latency and throughput through POST /v1/pulls, ferry::Client and an
+// embedded node, next to the engine's own time for the same WRITEs; the control cost per
+// piece of a many-piece pull, warm and cold; catalog publish rates and lookup latency.
 #ifndef FERRY_TESTS_BENCH_NODE_BENCH_H_
 #define FERRY_TESTS_BENCH_NODE_BENCH_H_
 
@@ -24,6 +25,7 @@ struct NodeFlags {
   std::vector<uint64_t> sizes = {1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30};
   int iters = 5;
   int latency_iters = 1000;
+  uint32_t max_extents = 16384;  // pieces of 64 KiB in the largest many-piece pull
   uint64_t objects = 1000000;
   bool json = false;
 };
