@@ -703,9 +703,13 @@ void Engine::RemoveBell(uint64_t bell) {
   }));
 }
 
-uint64_t Engine::TakeRing(Peer& peer, absl::Time now, RingKind kind) {
+uint64_t Engine::TakeRing(Peer& peer, absl::Time now, RingKind kind, bool throttled) {
   if (peer.bell == FI_ADDR_NOTAVAIL) return FI_ADDR_NOTAVAIL;
   if (kind != RingKind::kDone) {
+    if (!throttled) {
+      peer.woken = now;
+      return peer.bell;
+    }
     absl::Time& last = kind == RingKind::kBusy ? peer.busied : peer.woken;
     if (now - last < kBellRingEvery) return FI_ADDR_NOTAVAIL;
     last = now;
@@ -718,12 +722,12 @@ void Engine::RingBell(uint64_t bell, RingKind kind) {
   groups_[0]->Run([bell, kind](ProgressGroup& pg) { pg.Ring(bell, kind); });
 }
 
-void Engine::Ring(PeerId id, absl::Time now, RingKind kind) {
+void Engine::Ring(PeerId id, absl::Time now, RingKind kind, bool throttled) {
   uint64_t bell = FI_ADDR_NOTAVAIL;
   {
     absl::MutexLock lock(&mu_);
     auto it = peers_.find(id);
-    if (it != peers_.end()) bell = TakeRing(it->second, now, kind);
+    if (it != peers_.end()) bell = TakeRing(it->second, now, kind, throttled);
   }
   RingBell(bell, kind);
 }
@@ -1038,7 +1042,9 @@ void Engine::PostControl(PeerId peer, std::string payload,
     }
   }
   send->done = std::move(done);
-  Ring(peer, absl::Now(), RingKind::kWake);
+  // Every message rings: an idle peer polls its rails only every kScanPeriod, and a request
+  // and its answer would each wait for that.
+  Ring(peer, absl::Now(), RingKind::kWake, /*throttled=*/false);
   SendFrames(std::move(send));
 }
 

@@ -371,9 +371,9 @@ class Engine {
   bool Woken(absl::Time now) const {
     return absl::ToUnixNanos(now) < woken_until_.load(std::memory_order_relaxed);
   }
-  // Rings the peer's bell, unless it was rung so (kWake, kBusy) less than kBellRingEvery ago.
-  // Thread-safe.
-  void Ring(PeerId peer, absl::Time now, RingKind kind);
+  // Rings the peer's bell, unless it was rung so (kWake, kBusy) less than kBellRingEvery ago
+  // and `throttled`. Thread-safe.
+  void Ring(PeerId peer, absl::Time now, RingKind kind, bool throttled = true);
   // A transfer counted in its peer's live transfers ended; the last one rings kDone.
   void TransferEnded(PeerId peer);
   // Takes a peer's bell out of group 0's bell AV (FI_ADDR_NOTAVAIL: nothing to do).
@@ -381,7 +381,8 @@ class Engine {
   struct Peer;
   // The peer's bell if it is due for a ring of `kind` (it is then counted as rung), else
   // FI_ADDR_NOTAVAIL.
-  uint64_t TakeRing(Peer& peer, absl::Time now, RingKind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t TakeRing(Peer& peer, absl::Time now, RingKind kind, bool throttled = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Has group 0 ring `bell` (FI_ADDR_NOTAVAIL: nothing to do). Thread-safe.
   void RingBell(uint64_t bell, RingKind kind);
   void ReleaseRegions(const std::vector<RegionId>& regions);
