@@ -571,6 +571,15 @@ bool ProgressGroup::PostWrites(size_t index) {
     rs.queue.pop_front();
     rs.queued_bytes -= op->length;
     WriteOp* next = QueueFront(rs);
+    if (!rs.av.contains(op->dest)) {
+      // Its peer was removed while it waited (the AV entry went with its last user): the
+      // provider must not see an address it no longer holds. The transfer fails; its part
+      // retires through ScanParts.
+      --op->part->unresolved;
+      op->part->transfer->Finish(absl::UnavailableError("the peer was removed"));
+      op = next;
+      continue;
+    }
     ++burst;
     ++rs.in_flight;  // counted before the post: `more` must know whether `next` fits
     op->seq = ++rs.posts;
@@ -634,6 +643,12 @@ bool ProgressGroup::PostSends(RailState& rs) {
   bool posted = false;
   while (!rs.pending_sends.empty()) {
     SendOp* op = rs.pending_sends.front();
+    if (!rs.av.contains(op->dest)) {
+      // Queued for a peer removed meanwhile (as PostWrites).
+      rs.pending_sends.pop_front();
+      FinishSend(rs, op, absl::CancelledError("peer removed"));
+      continue;
+    }
     char* buf = rs.arena.data() + (rs.recvs.size() + op->slot) * control_slot_;
     ssize_t rc;
     if (op->callback && rs.rail->rail_info().delivery_complete) {

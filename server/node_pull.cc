@@ -34,7 +34,6 @@ struct PullHandle::State {
   wire::PullRequest request;
   uint64_t id = 0;  // of the request in flight
   int attempts = 0;
-  engine::AwakeToken awake;
   // The staged path: the ring here, its window, and the thread that copies chunks out of it.
   std::shared_ptr<StagingRing> ring;
   uint64_t ring_window = 0;
@@ -47,8 +46,10 @@ struct PullHandle::State {
   // (kQuery), so that a source that died, or an answer that was lost, is not waited for until
   // the deadline.
   absl::Time next_probe ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
-  int unknown ABSL_GUARDED_BY(mu) = 0;
-  bool resent ABSL_GUARDED_BY(mu) = false;  // over HTTP, after the fabric lost it  // probes in a row that the source did not know it
+  int unknown ABSL_GUARDED_BY(mu) = 0;  // probes in a row that the source did not know it
+  bool resent ABSL_GUARDED_BY(mu) = false;  // over HTTP, after the fabric lost it
+  // Keeps the rails polled while WRITEs may land (from the request to the answer).
+  engine::AwakeToken awake ABSL_GUARDED_BY(mu);
   bool answered ABSL_GUARDED_BY(mu) = false;
   absl::StatusOr<wire::Envelope> answer ABSL_GUARDED_BY(mu) = absl::UnknownError("no answer");
   bool finished ABSL_GUARDED_BY(mu) = false;  // FinishPull has run
@@ -588,7 +589,11 @@ absl::Status Node::BuildRequest(PullHandle::State& st) {
 
 void Node::ArmAnswer(const std::shared_ptr<PullHandle::State>& st) {
   // WRITEs land here until the source answers: keep polling the rails (manual progress).
-  if (st.get()->path != PullPath::kCudaIpc) st->awake = engine_->KeepAwake();
+  if (st->path != PullPath::kCudaIpc) {
+    engine::AwakeToken awake = engine_->KeepAwake();
+    absl::MutexLock lock(&st->mu);
+    st->awake = std::move(awake);
+  }
   if (st->path == PullPath::kStaged && !st->receiver.joinable()) {
     st->received = absl::OkStatus();
     st->stop = false;
@@ -628,6 +633,9 @@ void Node::SendPull(const std::shared_ptr<PullHandle::State>& st) {
 void Node::OnPullAnswer(const std::shared_ptr<PullHandle::State>& st,
                         absl::StatusOr<wire::Envelope> answer) {
   absl::MutexLock lock(&st->mu);
+  // The source answers an rdma pull once its WRITEs are delivered: the rails need not spin for
+  // them any more, and a spinning progress thread would hold a core the waiting caller needs.
+  if (st->path == PullPath::kRdma) st->awake = engine::AwakeToken();
   st->answered = true;
   st->answer = std::move(answer);
 }
@@ -776,7 +784,10 @@ void Node::StopPull(PullHandle::State& st, bool wait) {
     st.stop = true;
     st.receiver.join();
   }
-  st.awake = engine::AwakeToken();
+  {
+    absl::MutexLock lock(&st.mu);
+    st.awake = engine::AwakeToken();
+  }
   CloseWindows(st.windows.ids, wait);
   st.windows = Windows();
   if (st.ring_window != 0) IgnoreError(engine_->CloseWindow(st.ring_window, wait));
