@@ -7,7 +7,7 @@ packages=(
   libfabric-dev libfabric-bin
   librocksdb-dev libhwloc-dev libcpp-httplib-dev libfmt-dev nlohmann-json3-dev
   libabsl-dev libspdlog-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus-cpp-dev
+  libssl-dev
   iproute2 iperf3 curl
 )
 missing=()

@@ -360,10 +360,9 @@ absl::StatusOr<Scratch*> TakeScratch(int device, uint64_t chunks) {
   return sc;
 }
 
-// Pieces from one GPU to another: a kernel on the destination reading over NVLink moves
-// 370-373 GB/s whatever the shape of its blocks, the copy engines 394 GB/s (cudaMemcpyPeer,
-// 2 x H200, tests/gpu/RESULTS.md), but they pay about 6 us a call (a cudaMemcpyPeerAsync per
-// 256 KiB piece: 36 GB/s). A relay gives them few large calls: a kernel on the source GPU
+// Pieces from one GPU to another: the copy engines outrun a kernel reading over NVLink but pay
+// a fixed cost per call, which small pieces cannot carry (docs/benchmarks.md, GPU). A relay
+// gives them few large calls: a kernel on the source GPU
 // gathers a window of pieces into a staging slot there (at HBM speed, several times NVLink's),
 // one cudaMemcpyPeerAsync moves the slot, a kernel on the destination scatters it; with
 // kRelaySlots windows in flight the three steps of successive windows overlap.

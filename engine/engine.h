@@ -43,8 +43,7 @@ struct EngineOptions {
   // Progress threads; rails are dealt to them round robin (a rail group per thread). 0: one
   // per rail, up to half the CPUs this process may run on (AutoProgressThreads). On tcp the
   // thread that posts a WRITE also copies it into the kernel, so rails add bandwidth only with
-  // threads of their own: on a 16-core machine 4 and 8 rails moved 18-22 GB/s over loopback
-  // with a thread each and 4.2-5.7 GB/s with one thread for all (README). Default: 0.
+  // threads of their own (docs/benchmarks.md). Default: 0.
   size_t progress_threads = 0;
   // With rails = 0: place the rails by the machine's topology (hwloc) instead: one group per
   // GPU with the NICs under its PCIe switch, then a host-memory group with the other NICs;
@@ -55,8 +54,7 @@ struct EngineOptions {
   // (a random id is chosen).
   std::string node_id;
   // Longest single WRITE; capped by the provider's max_msg_size. On tcp loopback 512 KiB
-  // WRITEs carried contiguous bytes at 1.2-1.5x the rate of 1 MiB ones on the 2-vCPU test
-  // machine and about 1.05x on a 16-core one (README, `ferry-bench engine --max-write`).
+  // WRITEs beat 1 MiB ones (`ferry-bench engine --max-write`, docs/benchmarks.md).
   // Default: 512 KiB.
   uint64_t max_write = uint64_t{512} << 10;
   // Pieces one WRITE may gather (consecutive pieces of a rail between the same two regions);
@@ -65,24 +63,20 @@ struct EngineOptions {
   // small pieces go several to a WRITE. Default: 4.
   size_t max_iov = 4;
   // While the engine expects WRITEs (KeepAwake), its progress threads poll without pausing:
-  // on tcp and shm WRITEs land only while the target calls into the provider, and a target
-  // that blocks costs the source a wake-up per burst. false: they block once no data has
-  // waited on a rail's fd for 50 us, which spares CPU on a slow link (0.9-1.3 s of CPU per GB
-  // instead of 2.0 at 500 MB/s in `ferry-bench rails`) for some throughput on a fast one.
-  // Default: true.
+  // on tcp and shm WRITEs land only while the target calls into the provider. false: they
+  // block once no data has waited on a rail's fd for 50 us (less CPU on a slow link, less
+  // throughput on a fast one). Default: true.
   bool spin_while_awake = true;
   // true: each rail's CQ has a wait fd, so that an idle progress thread blocks in the kernel
   // until the provider has something for it. false: the rails' CQs have no wait objects and
   // the engine sleeps on its bell instead: one more endpoint (on the first rail's domain, no
-  // data) whose CQ has a wait fd. A peer rings it before it contacts this engine and again
-  // every 100 ms while it has WRITEs for it; so rung, an engine is awake (as with KeepAwake)
-  // until the peer's last transfer to it ends, or 300 ms after the last ring, and an engine
-  // idle for 300 ms and not rung sleeps on the bell (and polls its rails once a second). On tcp;ofi_rxm a waitable CQ costs work on every operation at both
-  // ends (rxm then opens its tcp CQs with an epoll wait set, nested in its own, where tcp
-  // otherwise keeps a poll list in user space): 256 KiB WRITEs at 1 rail ran 1.1-1.5x the raw
-  // loop without, 0.7-0.9x with (README, `ferry-bench engine --wait-fds`). A provider that
-  // gives no wait fd (shm here) has no bell: its idle engine polls every millisecond.
-  // Default: false.
+  // data) whose CQ has a wait fd. A peer rings it before every control message and every
+  // kBellRingEvery while it has WRITEs for it; so rung, an engine polls its rails (as with
+  // KeepAwake) until the peer's last transfer to it ends, or kBellLinger after the last ring;
+  // an engine idle that long and not rung sleeps on the bell and polls its rails once a
+  // second. On tcp;ofi_rxm a waitable CQ costs work on every operation at both ends
+  // (docs/engine.md, docs/benchmarks.md). A provider without wait fds (shm) has no bell: its
+  // idle engine polls every millisecond. Default: false.
   bool wait_fds = false;
   // WRITEs in flight per rail; capped by the provider's tx size. Default: 0 (the tx size).
   size_t tx_depth = 0;

@@ -246,11 +246,9 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
     // A WRITE that lands gives its target no completion, yet on tcp and shm it lands only while
     // the target calls into the provider. A destination that expects WRITEs (Engine::KeepAwake)
     // therefore polls without pausing (spin_while_awake), or, when told not to, counts bytes
-    // waiting on a rail's fd as progress and blocks 50 us after they stop. Blocking costs the
-    // source a wake-up for each burst: 1 MiB and 4 MiB pieces in `ferry-bench engine` (1 and 4
-    // rails, four rounds) averaged 0.94x the raw loop blocking and 1.01x spinning. Without wait
-    // fds (shm) it always spins while awake: sleeping 1 ms at a time held every delivery
-    // completion back (2.1 GB/s on shm against 3.4-5.2 now).
+    // waiting on a rail's fd as progress and blocks 50 us after they stop: blocking costs the
+    // source a wake-up for each burst. Without wait fds (shm) it always spins while awake:
+    // sleeping 1 ms at a time would hold every delivery completion back.
     // A ring says WRITEs are coming, as a KeepAwake token does.
     const bool awake = engine_->awake_.load(std::memory_order_relaxed) > 0 || engine_->Rung(now);
     if (awake && (options_.spin_while_awake || !all_fd_ || WaitFds(0) > 0)) {

@@ -1,4 +1,4 @@
-// The HTTP API v1 on a cpp-httplib server, over a Node. See README.md, "HTTP API".
+// The HTTP API v1 on a cpp-httplib server, over a Node. Routes, bodies and codes: docs/http_api.md.
 #ifndef FERRY_SERVER_HTTP_API_H_
 #define FERRY_SERVER_HTTP_API_H_
 
