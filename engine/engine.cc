@@ -72,6 +72,10 @@ InfoPtr MakeHints(const std::string& prov_filter, bool hmem, bool delivery_compl
   hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
                                 FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  // With FI_HMEM: device memory is registered with its iface and device (fi_mr_regattr), and
+  // every operation on it carries its descriptor, which is what FI_MR_HMEM asks (fi_mr(3));
+  // shm offers FI_HMEM only to applications that accept it.
+  if (hmem) hints->domain_attr->mr_mode |= FI_MR_HMEM;
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
   hints->domain_attr->control_progress = FI_PROGRESS_UNSPEC;
   hints->domain_attr->data_progress = FI_PROGRESS_UNSPEC;

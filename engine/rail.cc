@@ -159,7 +159,14 @@ absl::StatusOr<RailMr> Rail::Register(void* addr, size_t length, uint64_t reques
     RETURN_IF_ERROR(Check(fi_mr_enable(mr), "fi_mr_enable"));
   }
   out.key = fi_mr_key(mr);
-  if (out.key == FI_KEY_NOTAVAIL) return absl::UnimplementedError("fi_mr_key: key not available");
+  if (out.key == FI_KEY_NOTAVAIL) {
+    // libfabric 2.x gives no key to a registration for local access only: none is needed.
+    if ((access & (FI_REMOTE_READ | FI_REMOTE_WRITE)) == 0) {
+      out.key = 0;
+    } else {
+      return absl::UnimplementedError("fi_mr_key: key not available");
+    }
+  }
   out.desc = fi_mr_desc(mr);
   return out;
 }
@@ -168,6 +175,13 @@ void Rail::ProbeCuda() {
   RailInfo& ri = rail_info_;
   if (CudaDeviceCount() == 0) {
     ri.hmem_cuda_error = CudaBuilt() ? "no GPU" : "built without CUDA";
+    return;
+  }
+  // A provider may register GPU memory on an endpoint opened without FI_HMEM and then move it
+  // as host memory (libfabric 2.6's shm: process_vm_writev, EFAULT): without the capability
+  // the rail does not carry GPU memory, whatever the registration says.
+  if ((info_->caps & FI_HMEM) == 0) {
+    ri.hmem_cuda_error = "the provider gave this endpoint no FI_HMEM capability";
     return;
   }
   constexpr size_t kProbeBytes = 64 << 10;

@@ -24,6 +24,8 @@ struct PullHandle::State {
   absl::Time deadline;
   PullPath path = PullPath::kRdma;
   bool optimistic = false;  // rdma chosen without asking the source (it may refuse)
+  bool forced = false;      // the path was asked for by name
+  std::string fallback;     // why the pull left the path it tried first
   std::unique_ptr<Node::PullInFlight> in_flight;
   // Where the bytes go, over this node's regions; the new buffer of a pull into one.
   std::vector<Extent> local;
@@ -400,6 +402,7 @@ absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePull(const PullS
   st->part.length = spec.range_length;
   st->part.extents = spec.source_extents;
   ASSIGN_OR_RETURN(const std::optional<PullPath> forced, ParsePath(spec.path));
+  st->forced = forced.has_value();
   const absl::Duration timeout =
       spec.timeout_ms > 0
           ? std::min(absl::Milliseconds(static_cast<int64_t>(
@@ -761,6 +764,13 @@ bool Node::RetryPull(const std::shared_ptr<PullHandle::State>& st) {
     st->optimistic = false;
     StopPull(*st, /*wait=*/true);
     st->path = PullPath::kStaged;
+  } else if (st->path == PullPath::kRdma && !st->forced &&
+             absl::StrContains(s.message(), kDeviceMemoryFailed)) {
+    st->fallback = std::string(s.message());
+    spdlog::warn("pull of {} from {}: {}; pulling again on the staged path", st->spec.object,
+                 st->session->url, st->fallback);
+    StopPull(*st, /*wait=*/true);
+    st->path = PullPath::kStaged;
   } else {
     return false;
   }
@@ -829,6 +839,7 @@ absl::StatusOr<PullStats> Node::FinishPull(PullHandle::State& st, bool cancelled
   }
   if (stats.ok()) {
     stats->via = std::string(st.session->transport->name());
+    stats->fallback = st.fallback;
     // Staged bytes are in place only once this side has copied the last chunk in.
     if (st.path == PullPath::kStaged) stats->seconds = absl::ToDoubleSeconds(absl::Now() - st.start);
     if (st.new_region) {

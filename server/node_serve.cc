@@ -47,6 +47,7 @@ struct Node::RdmaPull {
   uint64_t size = 0;
   absl::Time deadline;
   int attempts = 0;
+  bool gpu = false;  // GPU memory at either end
   std::shared_ptr<ServedPull> served;
   std::function<void(absl::StatusOr<PullStats>)> finish;
 };
@@ -484,6 +485,11 @@ absl::Status Node::SubmitRdma(const std::shared_ptr<RdmaPull>& rdma, engine::Pee
   t.dst = std::move(target.extents);
   t.on_done = [this, rdma](const absl::StatusOr<engine::TransferStats>& r) {
     if (!r.ok()) {
+      if (rdma->gpu && !absl::IsCancelled(r.status()) && !absl::IsDeadlineExceeded(r.status())) {
+        return rdma->finish(absl::FailedPreconditionError(
+            absl::StrCat("the rdma path ", kDeviceMemoryFailed, " (", r.status().message(),
+                         "); use the staged path")));
+      }
       if (!absl::IsUnavailable(r.status())) return rdma->finish(r.status());
       ForgetPeer(rdma->from.node);
       // Every rail failed: connections the provider had shut down while a link was away
@@ -518,8 +524,11 @@ absl::Status Node::SubmitRdma(const std::shared_ptr<RdmaPull>& rdma, engine::Pee
     absl::MutexLock lock(&mu_);
     if (!Attached(*rdma->object)) return Conflict("the object's regions went during the pull");
     t.src.reserve(rdma->source.size());
+    rdma->gpu = std::any_of(t.dst_regions.begin(), t.dst_regions.end(),
+                            [](const RegionDescriptor& d) { return d.device.is_cuda(); });
     for (const Extent& e : rdma->source) {
       const Region& r = regions_.at(e.region);
+      rdma->gpu = rdma->gpu || r.info.device.is_cuda();
       if (r.engine_id == 0) {
         return Conflict(absl::StrCat("rdma: region ", e.region, " (", r.info.device.ToString(),
                                      ") ", kNotOnRails, "; use the staged path"));

@@ -34,6 +34,10 @@ absl::StatusOr<std::optional<PullPath>> ParsePath(std::string_view name);
 // How a source says that the object cannot go over the rdma path (409): the destination then
 // takes the staged path.
 inline constexpr char kNotOnRails[] = "is not on the rails here";
+// In the answer of a source whose rdma transfer failed with GPU memory at either end (a
+// provider that registers it, FI_HMEM, and then fails the WRITEs): the destination pulls again
+// on the staged path, unless rdma was asked for by name.
+inline constexpr char kDeviceMemoryFailed[] = "failed with GPU memory on the rails";
 
 // What the destination knows when it chooses.
 struct PathFacts {

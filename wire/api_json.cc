@@ -94,6 +94,7 @@ nlohmann::json ToJson(const PullStats& s) {
                       {"gbps", s.seconds > 0 ? static_cast<double>(s.bytes) * 8 / s.seconds / 1e9
                                              : 0.0}};
   if (s.region) j["region"] = *s.region;
+  if (!s.fallback.empty()) j["fallback"] = s.fallback;
   return j;
 }
 
@@ -107,6 +108,7 @@ absl::StatusOr<PullStats> PullStatsFromJson(const nlohmann::json& j) {
     s.seconds = j.value("seconds", 0.0);
     s.path = j.value("path", std::string());
     s.via = j.value("via", std::string());
+    s.fallback = j.value("fallback", std::string());
     if (j.contains("bytes_per_rail")) {
       s.bytes_per_rail = j["bytes_per_rail"].get<std::vector<uint64_t>>();
     }

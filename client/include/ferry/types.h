@@ -81,6 +81,8 @@ struct PullStats {
   std::vector<double> rail_seconds;  // per source rail: its last delivery completion
   std::optional<uint64_t> region;    // the new buffer, for a pull into one
   std::string via;                   // how the nodes talked: "fabric", "http" or "local"
+  // Why the pull ended on `path` after another failed (empty: the first path carried it).
+  std::string fallback;
 };
 
 // True when [offset, offset + length) lies inside [0, region_length), without overflow.
