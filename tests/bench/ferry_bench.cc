@@ -512,7 +512,8 @@ int main(int argc, char** argv) {
   ferry::bench::GpuFlags gf;
   gf.ferryd = FERRYD_PATH;
   CLI::App* gpu = app.add_subcommand("gpu", "GPU object pulls between two ferryd vs cudaMemcpyPeer");
-  gpu->add_option("--rails", gf.rails, "rails per node (tcp on lo) for the staged path");
+  gpu->add_option("--provider", gf.provider, "tcp (on lo) or shm, for the staged and rdma paths");
+  gpu->add_option("--rails", gf.rails, "rails per node for the staged and rdma paths");
   gpu->add_option("--size", gf.size, "object bytes");
   gpu->add_option("--pieces", gf.pieces, "piece counts, comma-separated (1: contiguous)")
       ->delimiter(',');

@@ -156,8 +156,10 @@ int RunGpuBench(const GpuFlags& f) {
   std::filesystem::remove_all(dir);
   testing::FerrydProcess a, b;  // stopped (SIGTERM) when they go
   for (auto [d, name] : {std::pair<testing::FerrydProcess*, const char*>{&a, "a"}, {&b, "b"}}) {
-    auto p = testing::StartFerryd(f.ferryd, {"--data-dir", (dir / name).string(), "--domain", "lo",
-                                             "--rails", std::to_string(f.rails)});
+    std::vector<std::string> args = {"--data-dir", (dir / name).string(), "--provider", f.provider,
+                                     "--rails", std::to_string(f.rails)};
+    if (f.provider == "tcp") args.insert(args.end(), {"--domain", "lo"});
+    auto p = testing::StartFerryd(f.ferryd, args);
     if (!p.ok()) {
       std::cerr << p.status() << "\n";
       return 1;
@@ -208,9 +210,14 @@ int RunGpuBench(const GpuFlags& f) {
     uint64_t pieces;
     std::string path;
   };
+  // Where the rails carry GPU memory (FI_HMEM), the rdma path gets rows of its own.
+  auto node = cb.Get("/v1/node");
+  const bool hmem = node && node->status == 200 &&
+                    json::parse(node->body)["rails"][0].value("hmem_cuda", false);
   std::vector<Layout> layouts;
-  for (const char* path : {"auto", "staged"}) {
+  for (const char* path : {"auto", "rdma", "staged"}) {
     if (std::string(path) == "staged" && !f.staged) continue;
+    if (std::string(path) == "rdma" && !hmem) continue;
     for (uint64_t pieces : f.pieces) {
       layouts.push_back({pieces == 1 ? "contiguous" : "scattered", pieces, path});
     }
@@ -231,7 +238,7 @@ int RunGpuBench(const GpuFlags& f) {
                                  .dump();
     std::vector<double> wall, copy;
     std::string path;
-    const int iters = l.path == "staged" ? std::max(1, f.iters / 2) : f.iters;
+    const int iters = l.path == "auto" ? f.iters : std::max(1, f.iters / 2);
     for (int i = 0; i <= iters; ++i) {
       const absl::Time start = absl::Now();
       auto r = cb.Post("/v1/pulls", body, "application/json");

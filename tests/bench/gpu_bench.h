@@ -10,6 +10,7 @@ namespace ferry::bench {
 
 struct GpuFlags {
   std::string ferryd;
+  std::string provider = "tcp";  // tcp (on lo) or shm
   size_t rails = 2;
   uint64_t size = uint64_t{1} << 30;
   std::vector<uint64_t> pieces = {1, 4096, 16384};  // contiguous, 256 KiB, 64 KiB at 1 GiB

@@ -3,7 +3,12 @@
 #
 #   here:  ninja -C build && ../shared/gpu/bundle.sh .gpu-bundle build/server/ferryd \
 #            build/tests/bench/ferry-bench build/tests/gpu/gpu_test
-#   there: bash tests/gpu/run.sh [.gpu-bundle] [OUT_DIR]
+#   there: bash tests/gpu/run.sh [.gpu-bundle] [OUT_DIR] [HMEM_BUNDLE]
+#
+# HMEM_BUNDLE: ferryd and gpu_test built against a libfabric with CUDA (FI_HMEM), e.g.
+#   cmake -S . -B build-lf2 -G Ninja -DFERRY_LIBFABRIC_PREFIX=<prefix>
+#   ../shared/gpu/bundle.sh .gpu-bundle-hmem build-lf2/server/ferryd build-lf2/tests/gpu/gpu_test
+# gpu_test then runs with it too, and the table gains the rdma rows (GPU memory on shm rails).
 #
 # 1. correctness: gpu_test (GPU0 -> GPU1, GPU -> host, host -> GPU through two ferryd, every
 #    byte verified; both nodes on GPU 0 when there is one GPU);
@@ -15,6 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 bundle=${1:-.gpu-bundle}
 out=${2:-${OUT:-/tmp/ferry-gpu}}
+hmem=${3:-}
 mkdir -p "$out"
 # shellcheck disable=SC1091
 source "$bundle/env.sh"
@@ -26,9 +32,22 @@ echo "== correctness"
 if grep -q '^\[  FAILED  \]' "$out/gpu_test.log" || ! grep -q '^\[  PASSED  \]' "$out/gpu_test.log"; then
   echo "gpu_test failed"; tail -50 "$out/gpu_test.log"; exit 1
 fi
+if [ -n "$hmem" ]; then
+  echo "== correctness with a CUDA libfabric ($hmem)"
+  FERRYD="$hmem/bin/ferryd" LD_LIBRARY_PATH="$hmem/lib" "$hmem/bin/gpu_test" 2>&1 |
+    tee "$out/gpu_test_hmem.log" | grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) ' || true
+  if grep -q '^\[  FAILED  \]' "$out/gpu_test_hmem.log" || ! grep -q '^\[  PASSED  \]' "$out/gpu_test_hmem.log"; then
+    echo "gpu_test (CUDA libfabric) failed"; tail -50 "$out/gpu_test_hmem.log"; exit 1
+  fi
+fi
 echo "== benchmark"
 : > "$out/rows.jsonl"
 timeout 400 "$bundle/bin/ferry-bench" gpu --ferryd "$FERRYD" --json | tee -a "$out/rows.jsonl"
+if [ -n "$hmem" ]; then
+  # The rdma rows: GPU memory on shm rails through FI_HMEM (the other rows are those above).
+  LD_LIBRARY_PATH="$hmem/lib" timeout 400 "$bundle/bin/ferry-bench" gpu --ferryd "$hmem/bin/ferryd" \
+    --provider shm --staged false --json | grep '"path":"rdma"' | tee -a "$out/rows.jsonl" || true
+fi
 timeout 200 "$bundle/bin/ferry-bench" engine --provider tcp --domain lo --rails 2 \
   --piece 4194304 --total 1073741824 --layout contiguous --iters 3 --json | tee -a "$out/rows.jsonl"
 timeout 300 python3 tests/gpu/nccl_bench.py $((1 << 30)) $((256 << 20)) | tee -a "$out/rows.jsonl" || true
