@@ -93,15 +93,17 @@ Node::~Node() {
     auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pulls_in_flight_ == 0; };
     mu_.AwaitWithTimeout(absl::Condition(&drained), options_.pull_timeout);
   }
+  stopping_ = true;
   serve_queue_.reset();  // no request is served from here on
-  http_.reset();
   {
     absl::MutexLock lock(&mu_);
     prepared_.clear();
   }
   staging_.reset();
   engine_.reset();  // closes MRs before the buffers they cover go
+  // The engine's callbacks use the transports until it is gone.
   fabric_.reset();
+  http_.reset();
   absl::MutexLock lock(&mu_);
   regions_.clear();
 }

@@ -430,6 +430,7 @@ class Node {
   PeerAddress self_;  // how other nodes reach this one over the fabric
   std::unique_ptr<PeerTransport> fabric_;
   std::unique_ptr<PeerTransport> http_;
+  std::atomic<bool> stopping_{false};  // the destructor has begun
   mutable absl::Mutex mu_;
   std::map<uint64_t, Region> regions_ ABSL_GUARDED_BY(mu_);
   // Regions allocated for objects whose last version went.

@@ -182,6 +182,7 @@ void Node::Transmit(const std::shared_ptr<Session>& session, std::string sealed,
                 [this, url = session->url, copy, deadline, sent = std::move(sent)](
                     absl::StatusOr<std::string> r) mutable {
                   if (r.ok() || !absl::IsUnavailable(r.status())) return sent(std::move(r));
+                  if (stopping_) return sent(absl::UnavailableError("this node is stopping"));
                   http_->Send(PeerRef{url, 0}, *copy, deadline, std::move(sent));
                 });
 }

@@ -508,6 +508,8 @@ int main(int argc, char** argv) {
   rails->add_option("--iperf-seconds", rf.iperf_seconds, "iperf3 run per configuration");
   rails->add_option("--ferryd", rf.ferryd, "ferryd to start");
   rails->add_flag("--json", rf.json, "one JSON object per row");
+  rails->add_flag("--cut-source-rail", rf.cut_source_rail,
+                  "after each row, the same pull with the source's rail 0 down halfway");
 #ifdef FERRY_BENCH_GPU
   ferry::bench::GpuFlags gf;
   gf.ferryd = FERRYD_PATH;

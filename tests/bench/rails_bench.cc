@@ -205,6 +205,40 @@ absl::Status RunConfig(const RailsFlags& f, const Config& c, const std::filesyst
                   cpu_dst);
       std::fflush(stdout);
     }
+    if (f.cut_source_rail && c.rails > 1) {
+      absl::StatusOr<json> cut = absl::UnknownError("not run");
+      uint64_t base = 0;
+      for (size_t i = 0; i < c.rails; ++i) base += (*bed)->TxBytes(TestBed::kA, i).value_or(0);
+      const absl::Time start = absl::Now();
+      std::thread puller([&] { cut = pull(body); });
+      // Down once the source's rails have sent half the object; a bounded wait.
+      for (const absl::Time give_up = absl::Now() + absl::Seconds(120); absl::Now() < give_up;) {
+        uint64_t sent = 0;
+        for (size_t i = 0; i < c.rails; ++i) sent += (*bed)->TxBytes(TestBed::kA, i).value_or(0);
+        if (sent >= base + f.size / 2) break;
+        absl::SleepFor(absl::Milliseconds(2));
+      }
+      absl::Status down = (*bed)->SetRailEnd(TestBed::kA, 0, false);
+      puller.join();
+      const double cut_secs = absl::ToDoubleSeconds(absl::Now() - start);
+      absl::Status up = (*bed)->SetRailEnd(TestBed::kA, 0, true);
+      if (!down.ok() || !up.ok()) return down.ok() ? up : down;
+      if (!cut.ok()) return cut.status();
+      const json row = {{"bench", "rails_failover"}, {"rails", c.rails}, {"mbit_per_rail", c.mbit},
+                        {"piece", piece}, {"bytes", f.size}, {"seconds", secs},
+                        {"seconds_rail_cut", cut_secs}, {"ratio", secs / cut_secs},
+                        {"failed_rails", (*cut)["failed_rails"]},
+                        {"rerouted_writes", (*cut)["rerouted_writes"]}};
+      if (f.json) {
+        std::cout << row.dump() << std::endl;
+      } else {
+        std::printf("  failover: source rail 0 down at half: %.3f s against %.3f s (%.2fx); "
+                    "failed_rails %s, %s WRITEs rerouted\n",
+                    cut_secs, secs, secs / cut_secs, (*cut)["failed_rails"].dump().c_str(),
+                    (*cut)["rerouted_writes"].dump().c_str());
+        std::fflush(stdout);
+      }
+    }
     ca.Delete(("/v1/objects/" + name).c_str());
   }
   return absl::OkStatus();
