@@ -1,4 +1,4 @@
-// Pulls between nodes in this process (ferry::EmbeddedNode, real engines on tcp and shm): the
+// Pulls between nodes in this process (ferry::EmbeddedNode, real engines on tcp): the
 // control messages over the fabric, layouts in every form, prepared destinations, partial,
 // async and batched pulls, cancel, and ephemeral objects.
 #include <gmock/gmock.h>
@@ -325,10 +325,6 @@ TEST_P(PullsTest, EphemeralObjectsAreGoneAfterARestartAndDurableOnesStay) {
 }
 
 TEST_P(PullsTest, ASourceRestartedAtItsAddressBetweenTwoPullsIsReachedAgain) {
-  // shm keeps a mapping of a peer's shared memory: a peer of the same process that goes and
-  // comes back crashes the provider's CQ read (libfabric 1.17 and 2.6). Between processes it
-  // is a tcp and shm matter for ferryd_test.
-  if (GetParam() == "shm") GTEST_SKIP() << "a peer in this process cannot restart on shm";
   Buffer dst(4096, 0, false);
   ASSERT_OK_AND_ASSIGN(uint64_t dr, b_->Register(dst.data(), dst.bytes.size()));
   auto publish = [&](Buffer& src) -> absl::Status {
@@ -382,7 +378,10 @@ TEST_P(PullsTest, OverHttpAloneEveryKindOfPullStillWorks) {
   EXPECT_THAT(results[1], StatusIs(absl::StatusCode::kNotFound));
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, PullsTest, ::testing::Values("tcp", "shm"),
+// shm is left out: with two nodes in one process libfabric's shm now and then crashes in
+// fi_cq_read (seen under ctest -j2 in CI, and in about 1 of 4 runs of this binary as a whole).
+// Between processes (ferryd_test, engine_test) shm is tested.
+INSTANTIATE_TEST_SUITE_P(Providers, PullsTest, ::testing::Values("tcp"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
