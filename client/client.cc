@@ -58,26 +58,30 @@ absl::Status Client::Health() {
 
 absl::StatusOr<ObjectInfo> Client::Put(const std::string& name, std::string_view data,
                                        bool replace, const Progress& progress,
-                                       const std::string& device) {
+                                       const std::string& device, const std::string& meta) {
   return Put(
       name, data.size(),
       [data](uint64_t offset, char* out, size_t n) {
         std::memcpy(out, data.data() + offset, n);
         return absl::OkStatus();
       },
-      replace, progress, device);
+      replace, progress, device, meta);
 }
 
 absl::StatusOr<ObjectInfo> Client::Put(const std::string& name, uint64_t size,
                                        const Source& source, bool replace,
-                                       const Progress& progress, const std::string& device) {
+                                       const Progress& progress, const std::string& device,
+                                       const std::string& meta) {
   const std::string path = "/v1/objects/" + EncodeName(name) + "/data?device=" + device +
-                           (replace ? "&replace=true" : "");
+                           (replace ? "&replace=true" : "") +
+                           (meta.empty() ? "" : "&meta_length=" + std::to_string(meta.size()));
   std::string piece;
   absl::Status read = absl::OkStatus();
   auto r = impl_->http.Put(
-      path.c_str(), size,
+      path.c_str(), meta.size() + size,
       [&](size_t offset, size_t length, httplib::DataSink& sink) {
+        if (offset < meta.size()) return sink.write(meta.data() + offset, meta.size() - offset);
+        offset -= meta.size();
         const size_t n = std::min<size_t>(length, size_t{4} << 20);
         piece.resize(n);
         read = source(offset, piece.data(), n);
@@ -150,9 +154,14 @@ absl::Status Client::Remove(const std::string& name) {
 }
 
 absl::StatusOr<ObjectInfo> Client::Publish(const std::string& name, const Layout& layout,
-                                           bool replace, bool durable) {
+                                           bool replace, bool durable, const std::string& meta) {
   const std::string path = "/v1/objects/" + EncodeName(name) + (replace ? "?replace=true" : "");
-  const nlohmann::json body = {{"extents", ToJson(layout)}, {"durable", durable}};
+  nlohmann::json body = {{"extents", ToJson(layout)}, {"durable", durable}};
+  if (!meta.empty()) {
+    auto parsed = ParseJson(meta);
+    if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("meta: ", parsed.status().message()));
+    body["meta"] = *std::move(parsed);
+  }
   ASSIGN_OR_RETURN(auto j, JsonBody(impl_->http.Put(path.c_str(), body.dump(), "application/json"),
                                     impl_->url));
   return ObjectInfoFromJson(j);

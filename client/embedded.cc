@@ -87,8 +87,9 @@ absl::StatusOr<uint64_t> EmbeddedNode::Register(void* addr, uint64_t size, Devic
 absl::Status EmbeddedNode::Unregister(uint64_t region) { return impl_->node->DeleteRegion(region); }
 
 absl::StatusOr<ObjectInfo> EmbeddedNode::Publish(const std::string& name, const Layout& layout,
-                                                 bool replace, bool durable) {
-  return impl_->node->Publish(name, layout, {.replace = replace, .durable = durable});
+                                                 bool replace, bool durable,
+                                                 const std::string& meta) {
+  return impl_->node->Publish(name, layout, {.replace = replace, .durable = durable, .meta = meta});
 }
 
 absl::StatusOr<ObjectInfo> EmbeddedNode::Describe(const std::string& name) {

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "engine/engine.h"
 #include "engine/topology.h"
 #include "ferry/client.h"
+#include "ferry/tensors.h"
 
 namespace {
 
@@ -136,11 +138,13 @@ int main(int argc, char** argv) {
   std::string node = "http://127.0.0.1:7070";
   app.add_option("--node", node, "the node to talk to")->capture_default_str();
   std::string name, file, out, prefix, from, to, as, device = "host", path = "auto";
-  bool replace = false;
+  bool replace = false, safetensors = false;
   auto* put = app.add_subcommand("put", "upload FILE as object NAME");
   put->add_option("NAME", name)->required();
   put->add_option("FILE", file)->required();
   put->add_flag("--replace", replace, "make a new version if NAME exists");
+  put->add_flag("--safetensors", safetensors,
+                "FILE is a safetensors checkpoint: publish its tensors' bytes with their table");
   put->add_option("--device", device, "where the node keeps it: host or cuda:N")
       ->capture_default_str();
   auto* get = app.add_subcommand("get", "download object NAME");
@@ -178,10 +182,23 @@ int main(int argc, char** argv) {
   if (*put) {
     const InputFile in(file);
     if (!in.ok()) return Fail(absl::NotFoundError("cannot read " + file));
+    // A safetensors file: its header goes as the tensor table, its data as the object.
+    ferry::SafetensorsLayout st{.data_offset = 0, .data_size = in.size()};
+    std::string meta;
+    if (safetensors) {
+      auto parsed = ferry::ReadSafetensors(
+          [&in](uint64_t offset, char* out, size_t n) { return in.Read(offset, out, n); },
+          in.size());
+      if (!parsed.ok()) return Fail(parsed.status());
+      st = *std::move(parsed);
+      meta = ferry::TensorTableMeta(st.tensors);
+    }
     auto r = c.Put(
-        name, in.size(),
-        [&in](uint64_t offset, char* out, size_t n) { return in.Read(offset, out, n); }, replace,
-        ProgressLine("put"), device);
+        name, st.data_size,
+        [&in, skip = st.data_offset](uint64_t offset, char* out, size_t n) {
+          return in.Read(skip + offset, out, n);
+        },
+        replace, ProgressLine("put"), device, meta);
     if (!r.ok()) return Fail(r.status());
     Rate("put", in.size(), absl::ToDoubleSeconds(absl::Now() - start));
     std::printf("%s version %llu, %llu bytes\n", r->name.c_str(),

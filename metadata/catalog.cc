@@ -69,8 +69,9 @@ std::set<uint64_t> RegionsOf(const std::vector<Extent>& extents) {
 }
 
 // Records are binary (schema 2): u8 format (2) | name | u64 version | u64 size |
-// u64 created_ms | u32 n | n x (u64 region, u64 offset, u64 length), little-endian. Stores of
-// schema 1 hold JSON records, read as they are.
+// u64 created_ms | u32 n | n x (u64 region, u64 offset, u64 length) [| bytes meta],
+// little-endian; a record without metadata ends after its extents. Stores of schema 1 hold JSON
+// records, read as they are.
 constexpr uint8_t kRecordFormat = 2;
 
 std::string EncodeRecord(const ObjectRecord& r) {
@@ -88,6 +89,7 @@ std::string EncodeRecord(const ObjectRecord& r) {
     w.U64(e.offset);
     w.U64(e.length);
   }
+  if (!r.meta.empty()) w.Bytes(r.meta);
   return out;
 }
 
@@ -118,8 +120,7 @@ absl::StatusOr<ObjectRecord> DecodeRecord(const std::string& value) {
   uint64_t created = 0;
   uint32_t n = 0;
   if (!in.U8(&format) || format != kRecordFormat || !in.Bytes(&r.name) || !in.U64(&r.version) ||
-      !in.U64(&r.size) || !in.U64(&created) || !in.U32(&n) || n != in.left() / 24 ||
-      in.left() % 24 != 0) {
+      !in.U64(&r.size) || !in.U64(&created) || !in.U32(&n) || n > in.left() / 24) {
     return absl::DataLossError("catalog: bad record");
   }
   r.created_ms = static_cast<int64_t>(created);
@@ -128,6 +129,9 @@ absl::StatusOr<ObjectRecord> DecodeRecord(const std::string& value) {
     in.U64(&e.region);
     in.U64(&e.offset);
     in.U64(&e.length);
+  }
+  if (in.left() > 0 && (!in.Bytes(&r.meta) || in.left() != 0)) {
+    return absl::DataLossError("catalog: bad record");
   }
   return r;
 }
@@ -262,12 +266,13 @@ absl::StatusOr<uint64_t> Catalog::NextRegionId() {
 absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
                                               const std::vector<Extent>& extents,
                                               bool replace, std::set<uint64_t>* released,
-                                              bool durable) {
+                                              bool durable, const std::string& meta) {
   RETURN_IF_ERROR(ValidateObjectName(name));
   ObjectRecord r;
   r.name = name;
   r.extents = extents;
   r.durable = durable;
+  r.meta = meta;
   for (const Extent& e : extents) {
     if (r.size + e.length < r.size) return absl::InvalidArgumentError("object size overflows");
     r.size += e.length;

@@ -32,6 +32,7 @@ struct ObjectRecord {
   bool durable = true;   // in the store on disk; false: in memory, gone at restart
   std::vector<Extent> extents;  // regions are node-wide region ids, never reused
   int64_t created_ms = 0;  // Unix time
+  std::string meta;  // the publisher's metadata (JSON text), empty when none
 };
 
 struct CatalogOptions {
@@ -68,11 +69,11 @@ class Catalog {
   // the removal of the versions past `keep_versions`. `durable` false keeps the version in
   // memory only (no write to the store; gone at restart). kFailedPrecondition: a durable name
   // replaced by an ephemeral version or the other way round. `released` (if given) gets the
-  // regions that no object version uses any more.
+  // regions that no object version uses any more. `meta` is stored with the version as it is.
   absl::StatusOr<ObjectRecord> Publish(const std::string& name,
                                        const std::vector<Extent>& extents, bool replace,
                                        std::set<uint64_t>* released = nullptr,
-                                       bool durable = true);
+                                       bool durable = true, const std::string& meta = "");
   // The latest version, or `version`. kNotFound: no such name or version. Shared: records
   // never change, and a big layout is not copied for every pull.
   absl::StatusOr<std::shared_ptr<const ObjectRecord>> Get(

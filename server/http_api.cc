@@ -134,6 +134,7 @@ void GetData(Node& node, const std::string& name, const httplib::Request& req,
 struct UploadTarget {
   PublishOptions publish;
   Device device;
+  uint64_t meta_length = 0;  // the body's first bytes are the object's meta
 };
 
 absl::StatusOr<UploadTarget> UploadTargetOf(const httplib::Request& req) {
@@ -143,6 +144,12 @@ absl::StatusOr<UploadTarget> UploadTargetOf(const httplib::Request& req) {
   ASSIGN_OR_RETURN(to.device, Device::Parse(req.has_param("device")
                                                         ? req.get_param_value("device")
                                                         : "host"));
+  if (req.has_param("meta_length") &&
+      (!absl::SimpleAtoi(req.get_param_value("meta_length"), &to.meta_length) ||
+       to.meta_length > kMaxMeta)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("meta_length must be a number of bytes up to ", kMaxMeta));
+  }
   return to;
 }
 
@@ -220,24 +227,40 @@ httplib::Server::HandlerWithContentReader Whole(httplib::Server::Handler h) {
 void PutDataAsItArrives(Node& node, const std::string& name, const httplib::Request& req,
                         httplib::Response& res, const httplib::ContentReader& read,
                         size_t max_body) {
-  auto begin = [&]() -> absl::StatusOr<std::unique_ptr<Node::Upload>> {
-    uint64_t length;
-    if (!absl::SimpleAtoi(req.get_header_value("Content-Length"), &length)) {
-      return absl::InvalidArgumentError("Content-Length must be a number of bytes");
-    }
-    if (length > max_body) return TooLarge("request body over the limit");
-    ASSIGN_OR_RETURN(const UploadTarget to, UploadTargetOf(req));
-    return node.BeginUpload(name, length, to.device, to.publish);
+  absl::StatusOr<UploadTarget> to = UploadTargetOf(req);
+  absl::Status s = to.status();
+  uint64_t length = 0;
+  if (s.ok() && !absl::SimpleAtoi(req.get_header_value("Content-Length"), &length)) {
+    s = absl::InvalidArgumentError("Content-Length must be a number of bytes");
+  } else if (s.ok() && length > max_body) {
+    s = TooLarge("request body over the limit");
+  } else if (s.ok() && to->meta_length > length) {
+    s = absl::InvalidArgumentError("meta_length is more than the body");
+  }
+  std::unique_ptr<Node::Upload> upload;
+  auto begin = [&] {
+    auto begun = node.BeginUpload(name, length - to->meta_length, to->device, to->publish);
+    if (begun.ok()) upload = std::move(*begun);
+    s = begun.status();
   };
-  absl::StatusOr<std::unique_ptr<Node::Upload>> upload = begin();
-  absl::Status s = upload.status();
+  if (s.ok() && to->meta_length == 0) begin();
   const bool read_all = read([&](const char* data, size_t n) {
-    if (s.ok()) s = (*upload)->Append(data, n);
-    return true;  // after an error the rest is read and dropped
+    if (!s.ok()) return true;  // after an error the rest is read and dropped
+    std::string& meta = to->publish.meta;
+    if (meta.size() < to->meta_length) {
+      const size_t take = std::min<uint64_t>(n, to->meta_length - meta.size());
+      meta.append(data, take);
+      data += take;
+      n -= take;
+      if (meta.size() == to->meta_length) begin();
+      if (!s.ok() || n == 0) return true;
+    }
+    s = upload->Append(data, n);
+    return true;
   });
   if (s.ok() && !read_all) s = absl::InvalidArgumentError("the body ended early");
   if (!s.ok()) return WriteError(res, s);
-  WriteResponse(res, (*upload)->Finish(), 201);
+  WriteResponse(res, upload->Finish(), 201);
 }
 
 void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res) {
@@ -280,6 +303,7 @@ void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res
         }
         to->publish.durable = (*body)["durable"].get<bool>();
       }
+      if (body->contains("meta")) to->publish.meta = (*body)["meta"].dump();
       auto published = node.Publish(name, *layout, to->publish);
       if (!published.ok()) return WriteError(res, published.status());
       return WriteJson(res, ToJson(*published), 201);
@@ -289,7 +313,12 @@ void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res
     if (m == "PUT") {
       auto to = UploadTargetOf(req);
       if (!to.ok()) return WriteError(res, to.status());
-      auto put = node.PutData(name, req.body, to->device, to->publish);
+      if (to->meta_length > req.body.size()) {
+        return WriteError(res, absl::InvalidArgumentError("meta_length is more than the body"));
+      }
+      to->publish.meta = req.body.substr(0, to->meta_length);
+      auto put = node.PutData(name, std::string_view(req.body).substr(to->meta_length), to->device,
+                              to->publish);
       if (!put.ok()) return WriteError(res, put.status());
       return WriteJson(res, ToJson(*put), 201);
     }

@@ -24,6 +24,17 @@ void FreeOwned(char* p) { std::free(p); }
 
 void FreeCuda(char* p) { engine::CudaFree(p); }
 
+absl::Status ValidateMeta(const std::string& meta) {
+  if (meta.empty()) return absl::OkStatus();
+  if (meta.size() > kMaxMeta) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("meta of ", meta.size(), " bytes; the limit is ", kMaxMeta));
+  }
+  absl::Status json = ParseJson(meta).status();
+  if (!json.ok()) return absl::InvalidArgumentError(absl::StrCat("meta: ", json.message()));
+  return absl::OkStatus();
+}
+
 size_t ServeThreads(size_t wanted) {
   if (wanted > 0) return wanted;
   return std::max<size_t>(4, std::thread::hardware_concurrency() / 4);
@@ -261,6 +272,7 @@ absl::StatusOr<ObjectInfo> Node::Publish(const std::string& name, const Layout& 
   for (const Layout::Run& r : layout.runs()) {
     if (r.piece == 0) return absl::InvalidArgumentError("an extent has length 0");
   }
+  RETURN_IF_ERROR(ValidateMeta(options.meta));
   const std::vector<Extent> extents = layout.Expand();
   absl::MutexLock lock(&mu_);
   for (const Extent& e : extents) {
@@ -273,8 +285,9 @@ absl::StatusOr<ObjectInfo> Node::Publish(const std::string& name, const Layout& 
     }
   }
   std::set<uint64_t> released;
-  ASSIGN_OR_RETURN(metadata::ObjectRecord r, catalog_->Publish(name, extents, options.replace,
-                                                               &released, options.durable));
+  ASSIGN_OR_RETURN(metadata::ObjectRecord r,
+                   catalog_->Publish(name, extents, options.replace, &released, options.durable,
+                                     options.meta));
   ReleaseLocked(released);
   return View(r, /*with_extents=*/true);
 }
@@ -295,6 +308,7 @@ ObjectInfo Node::View(const metadata::ObjectRecord& r, bool with_extents) const 
   v.size = r.size;
   v.created_ms = r.created_ms;
   v.durable = r.durable;
+  v.meta = r.meta;
   if (with_extents) v.extents = r.extents;
   return v;
 }
@@ -353,6 +367,7 @@ absl::StatusOr<std::unique_ptr<Node::Upload>> Node::BeginUpload(const std::strin
                                                                 const PublishOptions& options) {
   RETURN_IF_ERROR(metadata::ValidateObjectName(name));
   if (size == 0) return absl::InvalidArgumentError("an object needs at least one byte");
+  RETURN_IF_ERROR(ValidateMeta(options.meta));
   if (!options.replace && catalog_->Get(name).ok()) {
     return absl::AlreadyExistsError(absl::StrCat("object '", name, "' exists"));
   }

@@ -100,6 +100,9 @@ struct PublishOptions {
   // Written to the catalog on disk and kept across restarts. false: kept in memory only (no
   // fsync; KV pages), listed and pulled like any other, gone at restart. Default: true.
   bool durable = true;
+  // The publisher's metadata: a JSON document of at most kMaxMeta bytes, kept with the
+  // version and given back by Describe (a tensor table, say). Default: none.
+  std::string meta;
 };
 
 // A pull under way. Thread-safe.

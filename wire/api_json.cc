@@ -49,6 +49,8 @@ nlohmann::json ToJson(const ObjectInfo& o, bool with_extents) {
                       {"size", o.size},         {"created_ms", o.created_ms},
                       {"durable", o.durable},   {"detached", o.detached},
                       {"devices", devices},     {"on_rails", o.on_rails}};
+  // Valid JSON: the node checked it at publish.
+  if (!o.meta.empty()) j["meta"] = nlohmann::json::parse(o.meta, nullptr, false);
   if (with_extents) {
     nlohmann::json extents = nlohmann::json::array();
     for (const Extent& e : o.extents) {
@@ -77,6 +79,7 @@ absl::StatusOr<ObjectInfo> ObjectInfoFromJson(const nlohmann::json& j) {
   if (j.contains("extents")) {
     ASSIGN_OR_RETURN(o.extents, ExtentsFromJson(j["extents"]));
   }
+  if (j.contains("meta")) o.meta = j["meta"].dump();
   return o;
 }
 

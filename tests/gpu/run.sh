@@ -2,7 +2,8 @@
 # Every GPU check and measurement of ferry in one go, on a GPU machine, from a bundle:
 #
 #   here:  ninja -C build && ../shared/gpu/bundle.sh .gpu-bundle build/server/ferryd \
-#            build/tests/bench/ferry-bench build/tests/gpu/gpu_test
+#            build/tests/bench/ferry-bench build/tests/gpu/gpu_test build/client/libferry.so \
+#            build/tests/bench/ferry-pull-loop
 #   there: bash tests/gpu/run.sh [.gpu-bundle] [OUT_DIR] [HMEM_BUNDLE]
 #
 # HMEM_BUNDLE: ferryd and gpu_test built against a libfabric with CUDA (FI_HMEM), e.g.
@@ -14,6 +15,8 @@
 #    byte verified; both nodes on GPU 0 when there is one GPU);
 # 2. ferry-bench gpu: 1 GiB pulls (contiguous, 4096 x 256 KiB, 16384 x 64 KiB) on the
 #    same-host path and the forced staged path, with cudaMemcpyPeer and the D2H copy rate;
+# 2b. with torch there: tests/gpu/torch_test.py (CUDA and CPU tensors, a model's state dict,
+#    between two processes) and tests/bench/python_bench.py (Python against C++);
 # 3. the raw libfabric tcp rate (ferry-bench engine) and NCCL send/recv (torch), the
 #    baselines; then the table (OUT_DIR/table.md).
 set -euo pipefail
@@ -39,6 +42,15 @@ if [ -n "$hmem" ]; then
   if grep -q '^\[  FAILED  \]' "$out/gpu_test_hmem.log" || ! grep -q '^\[  PASSED  \]' "$out/gpu_test_hmem.log"; then
     echo "gpu_test (CUDA libfabric) failed"; tail -50 "$out/gpu_test_hmem.log"; exit 1
   fi
+fi
+if [ -f "$bundle/bin/libferry.so" ] && python3 -c "import torch" 2>/dev/null; then
+  echo "== Python with torch"
+  export FERRY_LIBRARY="$bundle/bin/libferry.so" PYTHONPATH="$PWD/python" FERRY_PULL_LOOP="$bundle/bin/ferry-pull-loop"
+  if ! timeout 300 python3 tests/gpu/torch_test.py 2>&1 | tee "$out/torch_test.log" | grep -E '^(ok|FAIL|torch_test)'; then
+    echo "torch_test did not run"; tail -30 "$out/torch_test.log"; exit 1
+  fi
+  grep -q '^torch_test: all passed' "$out/torch_test.log" || { tail -60 "$out/torch_test.log"; exit 1; }
+  timeout 400 python3 tests/bench/python_bench.py --device cuda:0 --json | tee "$out/python_rows.jsonl" || true
 fi
 echo "== benchmark"
 : > "$out/rows.jsonl"

@@ -55,6 +55,21 @@ TEST_F(CatalogTest, PublishedObjectsComeBackAfterReopenWithNamesVersionsAndLayou
   EXPECT_EQ(catalog_->RegionUsers(3), 1u);
 }
 
+TEST_F(CatalogTest, MetaComesBackAfterReopenAndVersionsWithoutItHaveNone) {
+  const std::string meta = R"({"tensors":[{"name":"w","dtype":"F32","shape":[2],"offset":0}]})";
+  ASSERT_OK(catalog_->Publish("m", {{1, 0, 8}}, false, nullptr, true, meta).status());
+  ASSERT_OK(catalog_->Publish("m", {{1, 0, 8}}, true).status());
+  ASSERT_OK(catalog_->Publish("kv", {{1, 0, 8}}, false, nullptr, false, "[1]").status());
+  ASSERT_OK_AND_ASSIGN(auto kv, catalog_->Get("kv"));
+  EXPECT_EQ(kv->meta, "[1]");
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  ASSERT_OK_AND_ASSIGN(auto v1, catalog_->Get("m", 1));
+  EXPECT_EQ(v1->meta, meta);
+  EXPECT_EQ(v1->extents, (std::vector<Extent>{{1, 0, 8}}));
+  ASSERT_OK_AND_ASSIGN(auto v2, catalog_->Get("m", 2));
+  EXPECT_EQ(v2->meta, "");
+}
+
 TEST_F(CatalogTest, PublishingAnExistingNameWithoutReplaceIsAlreadyExistsAndChangesNothing) {
   ASSERT_OK(catalog_->Publish("a", {{1, 0, 10}}, false).status());
   EXPECT_THAT(catalog_->Publish("a", {{9, 0, 99}}, false),

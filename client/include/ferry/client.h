@@ -33,10 +33,11 @@ class Client {
   // Errors carry the node's code (kNotFound, kAlreadyExists, ...); no answer at all is
   // kUnavailable, or kDeadlineExceeded on a timeout.
   absl::Status Health();
-  // Uploads into a new buffer on `device` ("host" or "cuda:N").
+  // Uploads into a new buffer on `device` ("host" or "cuda:N"), with `meta` (JSON text, at
+  // most kMaxMeta bytes; empty: none) attached to the version.
   absl::StatusOr<ObjectInfo> Put(const std::string& name, std::string_view data,
                                  bool replace = false, const Progress& progress = nullptr,
-                                 const std::string& device = "host");
+                                 const std::string& device = "host", const std::string& meta = "");
   // Where the bytes of a Put come from when they are not in memory (a file): fills `out` with
   // the `n` bytes at `offset`, or says why it cannot.
   using Source = std::function<absl::Status(uint64_t offset, char* out, size_t n)>;
@@ -44,7 +45,7 @@ class Client {
   // `source` ends the upload: the node publishes nothing, and Put returns that error.
   absl::StatusOr<ObjectInfo> Put(const std::string& name, uint64_t size, const Source& source,
                                  bool replace = false, const Progress& progress = nullptr,
-                                 const std::string& device = "host");
+                                 const std::string& device = "host", const std::string& meta = "");
   absl::Status Get(const std::string& name, std::ostream& out,
                    std::optional<uint64_t> version = std::nullopt,
                    const Progress& progress = nullptr);
@@ -57,7 +58,8 @@ class Client {
   absl::Status Remove(const std::string& name);
   // Publishes a layout over the node's regions (region ids as the node gave them).
   absl::StatusOr<ObjectInfo> Publish(const std::string& name, const Layout& layout,
-                                     bool replace = false, bool durable = true);
+                                     bool replace = false, bool durable = true,
+                                     const std::string& meta = "");
   // Asks this client's node to pull: as Node::Pull (node.h), over POST /v1/pulls.
   absl::StatusOr<PullStats> Pull(const PullSpec& spec);
   // Pulls `name` from the node at `from` into a new buffer on `device`, published as `as`

@@ -60,9 +60,11 @@ class EmbeddedNode {
   // kNotFound: unknown region. kFailedPrecondition: an object or prepared destination uses it.
   absl::Status Unregister(uint64_t region);
 
-  // `durable` false: kept in memory only (no fsync), gone at restart (KV pages).
+  // `durable` false: kept in memory only (no fsync), gone at restart (KV pages). `meta`: JSON
+  // text of at most kMaxMeta bytes kept with the version (a tensor table, say); empty: none.
   absl::StatusOr<ObjectInfo> Publish(const std::string& name, const Layout& layout,
-                                     bool replace = false, bool durable = true);
+                                     bool replace = false, bool durable = true,
+                                     const std::string& meta = "");
   absl::StatusOr<ObjectInfo> Describe(const std::string& name);
   absl::Status Remove(const std::string& name);
 

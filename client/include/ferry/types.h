@@ -65,7 +65,11 @@ struct ObjectInfo {
   bool on_rails = true;    // every region of its layout is registered on the rails
   std::vector<Device> devices;  // where its extents live, each once
   std::vector<Extent> extents;  // its layout (empty when asked for without)
+  std::string meta;  // what its publisher attached: JSON text, at most kMaxMeta bytes; or empty
 };
+
+// The most bytes of metadata an object version carries.
+inline constexpr size_t kMaxMeta = size_t{1} << 20;
 
 // What a pull did. Bytes, per-rail figures and seconds come from the source; `seconds` runs
 // from the first WRITE to the last completion (staged: to the last byte copied in).

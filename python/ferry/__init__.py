@@ -1,0 +1,49 @@
+"""ferry: move named GPU and host buffers between machines over RDMA.
+
+    import ferry
+    with ferry.Node("/tmp/a") as node:
+        region = node.register(numpy_array)
+        node.publish("weights", region)
+
+The package calls libferry.so (the C ABI) through ctypes: set FERRY_LIBRARY to its path when
+it is not found next to the package or in the source tree's build/client/.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from . import _lib
+from .core import Client, Node, PullFuture, PullStats, Prepared, Region
+from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded,
+                     FailedPrecondition, FerryError, Internal, InvalidArgument, NotFound,
+                     OutOfRange, PermissionDenied, ResourceExhausted, Unauthenticated,
+                     Unavailable, Unimplemented, Unknown)
+from .layout import Extent, Layout, kv_pages
+from .tensors import publish_state_dict, state_dict_layout, tensor_table
+
+__version__ = _lib.lib.ferry_version().decode()
+
+
+def pull_state_dict(node: Node, source: str, name: str, state_dict: Mapping[str, Any], *,
+                    token: str | None = None, version: int | None = None, strict: bool = True,
+                    **kw: Any) -> PullStats:
+    """Pulls object `name` (published by publish_state_dict or `ferry put --safetensors`) from
+    the node at `source` into the tensors of `state_dict`, by tensor name. Keywords as
+    Node.pull (path, timeout_ms)."""
+    with Client(source, token) as c:
+        info = c.stat(name, version)
+    layout = state_dict_layout(node, info, state_dict, strict)
+    return node.pull(source, name, layout, version=info["version"], **kw)
+
+
+Node.publish_state_dict = publish_state_dict  # type: ignore[attr-defined]
+Node.pull_state_dict = pull_state_dict  # type: ignore[attr-defined]
+
+__all__ = [
+    "Aborted", "AlreadyExists", "Cancelled", "Client", "DataLoss", "DeadlineExceeded", "Extent",
+    "FailedPrecondition", "FerryError", "Internal", "InvalidArgument", "Layout", "Node",
+    "NotFound", "OutOfRange", "PermissionDenied", "Prepared", "PullFuture", "PullStats",
+    "Region", "ResourceExhausted", "Unauthenticated", "Unavailable", "Unimplemented", "Unknown",
+    "kv_pages", "publish_state_dict", "pull_state_dict", "state_dict_layout", "tensor_table",
+]
