@@ -127,9 +127,10 @@ absl::Status Client::Get(const std::string& name, std::ostream& out,
   return absl::OkStatus();
 }
 
-absl::StatusOr<ObjectInfo> Client::Stat(const std::string& name, std::optional<uint64_t> version) {
-  std::string path = "/v1/objects/" + EncodeName(name);
-  if (version) path += "?version=" + std::to_string(*version);
+absl::StatusOr<ObjectInfo> Client::Stat(const std::string& name, std::optional<uint64_t> version,
+                                        bool with_extents) {
+  std::string path = "/v1/objects/" + EncodeName(name) + (with_extents ? "?" : "?extents=false&");
+  if (version) path += "version=" + std::to_string(*version);
   ASSIGN_OR_RETURN(auto j, JsonBody(impl_->http.Get(path.c_str()), impl_->url));
   return ObjectInfoFromJson(j);
 }

@@ -335,11 +335,12 @@ int ferry_client_get_file(ferry_client* c, const char* name, uint64_t version, c
   });
 }
 
-int ferry_client_stat(ferry_client* c, const char* name, uint64_t version, char** info) {
+int ferry_client_stat(ferry_client* c, const char* name, uint64_t version, int with_extents,
+                      char** info) {
   return Call([&]() -> absl::Status {
     RETURN_IF_ERROR(Required(c, "client"));
     RETURN_IF_ERROR(Required(name, "name"));
-    return ferry::Given(c->client->Stat(name, ferry::Version(version)), info);
+    return ferry::Given(c->client->Stat(name, ferry::Version(version), with_extents != 0), info);
   });
 }
 

@@ -55,10 +55,12 @@ struct CudaMapping {
 // Opened IPC handles of other processes, kept open for reuse (opening one costs far more than
 // a copy of a few MiB). Over `capacity` the least recently used is dropped; a mapping closes
 // when the cache and every caller holding it have let it go. An open mapping keeps the
-// owner's memory alive after the owner frees it, so the capacity bounds what can linger.
+// owner's memory alive after the owner frees it, so the capacity bounds what can linger. The
+// default holds a model's tensors published one region each: a cache smaller than the regions
+// one pull reads from opens every handle again on every pull.
 class CudaIpcCache {
  public:
-  explicit CudaIpcCache(size_t capacity = 64);
+  explicit CudaIpcCache(size_t capacity = 1024);
   ~CudaIpcCache();
   CudaIpcCache(const CudaIpcCache&) = delete;
   CudaIpcCache& operator=(const CudaIpcCache&) = delete;

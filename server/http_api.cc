@@ -20,7 +20,7 @@ namespace {
 
 void WriteJson(httplib::Response& res, const nlohmann::json& body, int status = 200) {
   res.status = status;
-  res.set_content(body.dump(), "application/json");
+  res.set_content(body.dump(), kJsonContentType);
 }
 
 template <typename T>
@@ -377,6 +377,9 @@ void PullsRoute(Node& node, const httplib::Request& req, httplib::Response& res)
   WriteJson(res, ToJson(*stats));
 }
 
+// Requests one kept connection may carry before the node closes it.
+constexpr size_t kKeepAliveRequests = 100000;
+
 }  // namespace
 
 void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& options) {
@@ -384,6 +387,9 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
   // httplib's stop() waits for idle keep-alive connections to time out: a short idle timeout
   // bounds how long a node takes to stop while clients and peers hold connections to it.
   server.set_keep_alive_timeout(1);
+  // httplib closes a kept connection after a few requests by default: each client and peer
+  // would connect again every few requests.
+  server.set_keep_alive_max_count(kKeepAliveRequests);
   // Without it a kept connection's next answer waits for the client's delayed ACK (Nagle).
   server.set_tcp_nodelay(true);
   // Requests of the methods with bodies are checked by their routes (Guarded).
@@ -404,7 +410,7 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
         : res.status == 404 ? absl::NotFoundError("no such route")
                             : absl::Status(absl::StatusCode::kUnknown,
                                            absl::StrCat("HTTP ", res.status));
-    res.set_content(ErrorBody(s).dump(), "application/json");
+    res.set_content(ErrorBody(s).dump(), kJsonContentType);
   });
   server.set_exception_handler(
       [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {

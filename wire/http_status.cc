@@ -59,7 +59,7 @@ nlohmann::json ErrorBody(const absl::Status& s) {
 
 void WriteError(httplib::Response& res, const absl::Status& s) {
   res.status = HttpStatusFor(s);
-  res.set_content(ErrorBody(s).dump(), "application/json");
+  res.set_content(ErrorBody(s).dump(), kJsonContentType);
 }
 
 namespace {

@@ -30,6 +30,11 @@ std::optional<int> HttpStatusOverride(const absl::Status& s);
 // override), 429 RESOURCE_EXHAUSTED, 501 UNIMPLEMENTED, 503 UNAVAILABLE, 504
 // DEADLINE_EXCEEDED, 500 otherwise. A status may carry an override (Conflict, TooLarge).
 int HttpStatusFor(const absl::Status& s);
+// The type of every JSON answer. The parameter keeps cpp-httplib from compressing it (it
+// compresses exactly "application/json" for a client that accepts br or gzip): brotli at its
+// default quality takes far longer than the bytes it saves take on the networks ferry runs on.
+inline constexpr char kJsonContentType[] = "application/json; charset=utf-8";
+
 // {"error":{"code":"NOT_FOUND","message":"..."}}
 nlohmann::json ErrorBody(const absl::Status& s);
 // Writes `s` as the response: its HTTP status and error body.

@@ -20,7 +20,7 @@ from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceed
                      OutOfRange, PermissionDenied, ResourceExhausted, Unauthenticated,
                      Unavailable, Unimplemented, Unknown)
 from .layout import Extent, Layout, kv_pages
-from .tensors import publish_state_dict, state_dict_layout, tensor_table
+from .tensors import StateDictPulls, publish_state_dict, state_dict_layout, tensor_table
 
 __version__ = _lib.lib.ferry_version().decode()
 
@@ -29,12 +29,15 @@ def pull_state_dict(node: Node, source: str, name: str, state_dict: Mapping[str,
                     token: str | None = None, version: int | None = None, strict: bool = True,
                     **kw: Any) -> PullStats:
     """Pulls object `name` (published by publish_state_dict or `ferry put --safetensors`) from
-    the node at `source` into the tensors of `state_dict`, by tensor name. Keywords as
-    Node.pull (path, timeout_ms)."""
-    with Client(source, token) as c:
-        info = c.stat(name, version)
-    layout = state_dict_layout(node, info, state_dict, strict)
-    return node.pull(source, name, layout, version=info["version"], **kw)
+    the node at `source` into the tensors of `state_dict`, by tensor name. Without `version`
+    the source is asked for its latest version and table first (one HTTP request); with it, a
+    table read before is used again. The tensors of a state dict pulled into before get the
+    bytes through the destination prepared then. Keywords as Node.pull (path, timeout_ms)."""
+    if node._state_dicts is None:
+        node._state_dicts = StateDictPulls(node)
+    info = node._state_dicts.table(source, name, version, token)
+    dest = node._state_dicts.destination(info, state_dict, strict)
+    return node.pull(source, name, dest, version=info["version"], **kw)
 
 
 Node.publish_state_dict = publish_state_dict  # type: ignore[attr-defined]

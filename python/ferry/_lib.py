@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from pathlib import Path
 
@@ -77,7 +78,7 @@ _SIG = {
     "ferry_client_put_file": (_I, [_P, _S, _S, _S, _I, _I, ctypes.POINTER(_P)]),
     "ferry_client_get": (_I, [_P, _S, _U64, ctypes.POINTER(_P), ctypes.POINTER(ctypes.c_size_t)]),
     "ferry_client_get_file": (_I, [_P, _S, _U64, _S]),
-    "ferry_client_stat": (_I, [_P, _S, _U64, ctypes.POINTER(_P)]),
+    "ferry_client_stat": (_I, [_P, _S, _U64, _I, ctypes.POINTER(_P)]),
     "ferry_client_list": (_I, [_P, _S, ctypes.c_size_t, ctypes.POINTER(_P)]),
     "ferry_client_remove": (_I, [_P, _S]),
     "ferry_client_publish": (_I, [_P, _S, ctypes.POINTER(CLayout), _I, _I, _S, ctypes.POINTER(_P)]),
@@ -120,5 +121,7 @@ def take_string(p: ctypes.c_void_p) -> str:
         lib.ferry_free(p)
 
 
+@functools.lru_cache(maxsize=4096)
 def encode(s: str | None) -> bytes | None:
+    """UTF-8 of `s` (None stays None); names and URLs come again and again."""
     return None if s is None else s.encode("utf-8")

@@ -10,7 +10,7 @@ from typing import Any, Iterable, Sequence
 
 from . import _lib
 from .buffers import Memory, memory_of
-from .errors import InvalidArgument
+from .errors import InvalidArgument, OutOfRange
 from .layout import Extent, Layout, _uint32_buffer
 
 _check = _lib.check
@@ -47,7 +47,7 @@ def _meta_text(meta: Any) -> bytes | None:
     return None if meta is None else json.dumps(meta, separators=(",", ":")).encode()
 
 
-def _spec(source: str, name: str, *, into: Any = None, version: int | None = None,
+def _spec(source: str, name: str, *, node: "Node | None" = None, into: Any = None, version: int | None = None,
           byte_range: tuple[int, int] | None = None, source_extents: Sequence[int] | None = None,
           new_buffer: str | None = None, as_: str | None = None, replace: bool = False,
           durable: bool = True, indices: Sequence[int] | Any = None, path: str = "auto",
@@ -65,8 +65,10 @@ def _spec(source: str, name: str, *, into: Any = None, version: int | None = Non
     s.replace, s.durable = int(replace), int(durable)
     if isinstance(into, Prepared):
         s.prepared = into.handle
+    elif isinstance(into, Region):
+        s.into = into._c_layout()
     elif into is not None:
-        s.into, held = _layout_of(into).c()
+        s.into, held = _layout_of(into, node).c()
         keep.append(held)
     if indices is not None:
         owner, s.indices, s.n_indices = _uint32_buffer(indices)
@@ -75,16 +77,24 @@ def _spec(source: str, name: str, *, into: Any = None, version: int | None = Non
     return s, keep
 
 
-def _layout_of(x: Any) -> Layout:
-    """A Layout from a Layout, a Region (all of it), or extents."""
+def _layout_of(x: Any, node: "Node | None" = None) -> Layout:
+    """A Layout from a Layout, a Region (all of it), extents ((region, offset, length) or
+    Extent), or, given the node, tensors and buffers (each all of it, registered once)."""
     if isinstance(x, Layout):
         return x
     if isinstance(x, Region):
         return Layout().add(x, 0, x.size)
-    if isinstance(x, (list, tuple)):
-        return Layout(x)
-    raise InvalidArgument(f"a layout must be a Layout, a Region or a list of extents, not "
-                          f"{type(x).__name__}")
+    items = x if isinstance(x, list) else [x]
+    if all(isinstance(e, (Extent, tuple)) for e in items):
+        return Layout(items)
+    if node is None:
+        raise InvalidArgument(f"a layout must be a Layout, a Region or a list of extents, not "
+                              f"{type(x).__name__}")
+    layout = Layout()
+    for e in items:
+        region = e if isinstance(e, Region) else node._region_for(e)
+        layout.add(region, 0, region.size)
+    return layout
 
 
 class Client:
@@ -129,12 +139,22 @@ class Client:
         return _json_out(lib.ferry_client_put_file, self._h, _enc(name), _enc(os.fspath(path)),
                          _enc(device), int(replace), int(safetensors))
 
-    def get(self, name: str, version: int | None = None) -> bytes:
+    def get(self, name: str, version: int | None = None, out: Any = None) -> bytes | int:
+        """The object's bytes; with `out` (a writable buffer or array of at least its size),
+        written there instead, and the count returned (OutOfRange when it does not fit)."""
         data, size = ctypes.c_void_p(), ctypes.c_size_t()
         _check(lib.ferry_client_get(self._h, _enc(name), version or 0, ctypes.byref(data),
                                     ctypes.byref(size)))
         try:
-            return ctypes.string_at(data.value, size.value) if size.value else b""
+            if out is None:
+                return ctypes.string_at(data.value, size.value) if size.value else b""
+            m = memory_of(out)
+            if m.device != "host":
+                raise InvalidArgument("get writes into host memory only")
+            if m.size < size.value:
+                raise OutOfRange(f"{size.value} bytes do not fit in {m.size}")
+            ctypes.memmove(m.addr, data.value, size.value)
+            return size.value
         finally:
             lib.ferry_free(data)
 
@@ -142,9 +162,10 @@ class Client:
         _check(lib.ferry_client_get_file(self._h, _enc(name), version or 0,
                                          _enc(os.fspath(path))))
 
-    def stat(self, name: str, version: int | None = None) -> dict:
-        """The object's description (docs/http_api.md), its meta under "meta"."""
-        return _json_out(lib.ferry_client_stat, self._h, _enc(name), version or 0)
+    def stat(self, name: str, version: int | None = None, extents: bool = True) -> dict:
+        """The object's description (docs/http_api.md), its meta under "meta"; without its
+        layout when `extents` is False."""
+        return _json_out(lib.ferry_client_stat, self._h, _enc(name), version or 0, int(extents))
 
     def ls(self, prefix: str = "", limit: int = 1000) -> list[dict]:
         return _json_out(lib.ferry_client_list, self._h, _enc(prefix), limit)
@@ -173,6 +194,7 @@ class Region:
 
     def __init__(self, node: "Node", id: int, memory: Memory):
         self.node, self.id, self.memory = node, id, memory
+        self._c: tuple | None = None
 
     @property
     def size(self) -> int:
@@ -185,6 +207,12 @@ class Region:
     @property
     def owner(self) -> Any:
         return self.memory.owner
+
+    def _c_layout(self) -> _lib.CLayout:
+        """All of the region as a C layout, made once (it holds its run array)."""
+        if self._c is None:
+            self._c = Layout().add(self, 0, self.size).c()
+        return self._c[0]
 
     def extent(self, offset: int = 0, length: int | None = None) -> Extent:
         return Extent(self.id, offset, self.size - offset if length is None else length)
@@ -278,6 +306,7 @@ class Node:
         self.id: str = lib.ferry_node_id(h).decode()
         self._regions: dict[int, Region] = {}
         self._tensor_regions: dict[tuple[int, int, str], Region] = {}
+        self._state_dicts: Any = None  # tensors.StateDictPulls, made at the first pull of one
 
     def stop(self) -> None:
         """Stops serving, waits for running pulls, closes the node."""
@@ -286,6 +315,7 @@ class Node:
             self._h = None
             self._regions.clear()
             self._tensor_regions.clear()
+            self._state_dicts = None
 
     def __enter__(self) -> "Node":
         return self
@@ -329,9 +359,10 @@ class Node:
     # Objects.
     def publish(self, name: str, layout: Any, *, replace: bool = False, durable: bool = True,
                 meta: Any = None) -> dict:
-        """Publishes `layout` (a Layout, a Region, or extents) as `name`; `meta` (JSON-able) is
-        kept with the version. durable=False: in memory only (KV pages)."""
-        c, keep = _layout_of(layout).c()
+        """Publishes `layout` as `name`: a Layout, a Region, extents, or a tensor or buffer (or a
+        list of them: their bytes one after the other, each registered once). `meta`
+        (JSON-able) is kept with the version. durable=False: in memory only (KV pages)."""
+        c, keep = _layout_of(layout, self).c()
         return _json_out(lib.ferry_node_publish, self._h, _enc(name), ctypes.byref(c),
                          int(replace), int(durable), _meta_text(meta))
 
@@ -343,7 +374,7 @@ class Node:
 
     def prepare(self, layout: Any) -> Prepared:
         """A destination registered once: later pulls name it and fill it or some of its pieces."""
-        lay = _layout_of(layout)
+        lay = _layout_of(layout, self)
         c, keep = lay.c()
         handle = ctypes.c_uint64()
         _check(lib.ferry_node_prepare(self._h, ctypes.byref(c), ctypes.byref(handle)))
@@ -352,10 +383,10 @@ class Node:
     # Pulls.
     def pull(self, source: str, name: str, into: Any = None, **kw: Any) -> PullStats:
         """Pulls object `name` from the node at `source` into `into` (a Layout, a Region,
-        extents or a Prepared; or new_buffer="host"/"cuda:N"). Keywords: version,
+        extents, tensors or buffers, or a Prepared; or new_buffer="host"/"cuda:N"). Keywords: version,
         byte_range=(offset, length), source_extents, indices (of a Prepared), path, timeout_ms,
         as_, replace, durable."""
-        s, keep = _spec(source, name, into=into, **kw)
+        s, keep = _spec(source, name, node=self, into=into, **kw)
         out = _lib.PullStats()
         _check(lib.ferry_node_pull(self._h, ctypes.byref(s), ctypes.byref(out)))
         return PullStats.of(out)
@@ -364,7 +395,7 @@ class Node:
 
     def pull_async(self, source: str, name: str, into: Any = None, **kw: Any) -> PullFuture:
         """As pull; returns once the request is on its way."""
-        s, keep = _spec(source, name, into=into, **kw)
+        s, keep = _spec(source, name, node=self, into=into, **kw)
         h = ctypes.c_void_p()
         _check(lib.ferry_node_pull_async(self._h, ctypes.byref(s), ctypes.byref(h)))
         return PullFuture(h, keep)

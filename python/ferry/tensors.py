@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Mapping
 
-from .buffers import memory_of
-from .errors import InvalidArgument
+from .buffers import is_torch_tensor, memory_of
+from .errors import FerryError, InvalidArgument
 from .layout import Layout
 
 
@@ -62,3 +63,61 @@ def state_dict_layout(node: Any, info: dict, state_dict: Mapping[str, Any],
     if strict and extra:
         raise InvalidArgument(f"tensors not in object '{info['name']}': {', '.join(extra[:8])}")
     return layout
+
+
+class StateDictPulls:
+    """What a node keeps between pulls of state dicts: the tables of object versions it has read
+    (a version never changes), and per state dict a destination prepared once over its tensors,
+    used again while the dict holds the same tensors (identity, and torch's data_ptr)."""
+
+    MAX = 16  # of each
+
+    def __init__(self, node: Any):
+        self.node = node
+        self.tables: OrderedDict[tuple, dict] = OrderedDict()
+        self.dests: OrderedDict[tuple, tuple] = OrderedDict()
+
+    def table(self, source: str, name: str, version: int | None, token: str | None) -> dict:
+        """The description of `name` at `source` (version None: the latest, asked every time)."""
+        key = (source, name, version)
+        if version is not None and key in self.tables:
+            self.tables.move_to_end(key)
+            return self.tables[key]
+        from .core import Client
+        with Client(source, token) as c:
+            info = c.stat(name, version, extents=False)
+        info["_key"] = tuple((t["name"], t["dtype"], tuple(t["shape"]), t["offset"])
+                             for t in tensor_table(info))
+        self.tables[(source, name, info["version"])] = info
+        if len(self.tables) > self.MAX:
+            self.tables.popitem(last=False)
+        return info
+
+    def destination(self, info: dict, state_dict: Mapping[str, Any], strict: bool) -> Any:
+        """A prepared destination of the object's bytes in `state_dict`'s tensors."""
+        key = (id(state_dict), info["_key"], strict)
+        kept = self.dests.get(key)
+        if kept is not None:
+            tensors, ptrs, size, prepared = kept
+            names = [t[0] for t in info["_key"]]
+            if (len(state_dict) == size and
+                    all(state_dict.get(n) is t for n, t in zip(names, tensors)) and
+                    all(p is None or t.data_ptr() == p for t, p in zip(tensors, ptrs))):
+                self.dests.move_to_end(key)
+                return prepared
+            self.dests.pop(key)
+            self._release(prepared)
+        prepared = self.node.prepare(state_dict_layout(self.node, info, state_dict, strict))
+        tensors = [state_dict[t[0]] for t in info["_key"]]
+        ptrs = [t.data_ptr() if is_torch_tensor(t) else None for t in tensors]
+        self.dests[key] = (tensors, ptrs, len(state_dict), prepared)
+        if len(self.dests) > self.MAX:
+            self._release(self.dests.popitem(last=False)[1][3])
+        return prepared
+
+    @staticmethod
+    def _release(prepared: Any) -> None:
+        try:
+            prepared.release()
+        except FerryError:
+            pass  # the node is gone: so is the destination

@@ -10,7 +10,8 @@ embedded node pulls from it, alternating round by round with the C++ baseline
 - python_pull: a 4 KiB object, and 16384 pages of 4 KiB (the layout built for every call, as
   a KV migration does), per-call p50 in Python and in C++, and the difference;
 - python_state_dict: pull_state_dict of --tensors tensors (--sd-mib MiB in all, on --device)
-  against the same bytes as one object pulled into one buffer, GB/s and the ratio.
+  against the same bytes as one object pulled into one buffer, GB/s and the ratio; with the
+  version known (as a trainer announces it) and of the latest (its table asked every time).
 
 Needs ferry-pull-loop (FERRY_PULL_LOOP, or FERRY_BUILD_DIR/tests/bench/), the package on PYTHONPATH;
 torch for a CUDA device. Every loop is bounded by --iters and --rounds.
@@ -141,7 +142,7 @@ def main() -> None:
             print(f"| {r['case']} pull, p50 | {r['python_us']:.1f} us | {r['cpp_us']:.1f} us | "
                   f"{r['overhead_us']:+.1f} us ({r['overhead_pct']:+.1f}%) | {r['ratio']:.3f} |")
         else:
-            print(f"| state dict, {r['tensors']} tensors, {r['bytes'] >> 20} MiB | "
+            print(f"| state dict ({r['case']}), {r['tensors']} tensors, {r['bytes'] >> 20} MiB | "
                   f"{r['state_dict_gbps']:.2f} GB/s | {r['one_object_gbps']:.2f} GB/s | | "
                   f"{r['ratio']:.3f} |")
 
@@ -174,19 +175,24 @@ def run(args, url: str) -> list[dict]:
         sizes = split(total, args.tensors, 3)
         dest = {f"layer{i}.weight": zeros(args.device, n) for i, n in enumerate(sizes)}
         flat = node.register(zeros(args.device, total))
-        sd_pull = lambda: ferry.pull_state_dict(node, url, "sd", dest)  # noqa: E731
+        version = ferry.pull_state_dict(node, url, "sd", dest).version
         flat_pull = lambda: node.pull(url, "flat", flat)  # noqa: E731
-        sd_pull()
-        flat_pull()
-        sd_s, flat_s = [], []
-        for _ in range(args.rounds):
-            sd_s.append(p50_us(sd_pull, args.sd_iters) / 1e6)
-            flat_s.append(p50_us(flat_pull, args.sd_iters) / 1e6)
-        a, b = statistics.median(sd_s), statistics.median(flat_s)
-        rows.append({"bench": "python_state_dict", "tensors": args.tensors, "bytes": total,
-                     "device": args.device, "state_dict_gbps": total / a / 1e9,
-                     "one_object_gbps": total / b / 1e9, "ratio": b / a,
-                     "path": flat_pull().path})
+        for how, sd_pull in [
+            ("version known", lambda: ferry.pull_state_dict(node, url, "sd", dest, version=version)),
+            ("latest", lambda: ferry.pull_state_dict(node, url, "sd", dest)),
+        ]:
+            sd_pull()
+            flat_pull()
+            sd_s, flat_s = [], []
+            for _ in range(args.rounds):
+                sd_s.append(p50_us(sd_pull, args.sd_iters) / 1e6)
+                flat_s.append(p50_us(flat_pull, args.sd_iters) / 1e6)
+            a, b = statistics.median(sd_s), statistics.median(flat_s)
+            rows.append({"bench": "python_state_dict", "case": how, "tensors": args.tensors,
+                         "bytes": total, "device": args.device, "state_dict_gbps": total / a / 1e9,
+                         "one_object_gbps": total / b / 1e9, "ratio": b / a,
+                         "state_dict_us": a * 1e6, "one_object_us": b * 1e6,
+                         "path": flat_pull().path})
     return rows
 
 

@@ -74,6 +74,27 @@ class Ready:
         return self.proc.returncode
 
 
+def stop_process(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP, returning once every thread of `pid` is stopped (the signal lands later than
+    kill returns)."""
+    import glob
+    import signal
+    import time
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for stat in glob.glob(f"/proc/{pid}/task/*/stat"):
+            try:
+                states.append(Path(stat).read_text().rsplit(")", 1)[1].split()[0])
+            except (OSError, IndexError):
+                pass
+        if states and all(s in ("T", "t") for s in states):
+            return
+        time.sleep(0.001)
+    raise RuntimeError(f"process {pid} did not stop")
+
+
 def start_ferryd(data_dir: Path, *extra: str) -> Ready:
     r = Ready([str(FERRYD), "--listen", "127.0.0.1:0", "--data-dir", str(data_dir),
                "--provider", "tcp", *extra])

@@ -173,7 +173,7 @@ def test_pull_async_wait_and_cancel(node, array_peer):
     assert np.array_equal(dest, pattern(1 << 20))
 
     # A source that does not run (stopped) answers nothing: wait times out, cancel returns.
-    os.kill(array_peer.proc.pid, signal.SIGSTOP)
+    helpers.stop_process(array_peer.proc.pid)
     try:
         f = node.pull_async(array_peer.url, "array", region)
         with pytest.raises(ferry.DeadlineExceeded):
@@ -285,6 +285,26 @@ def test_state_dict_by_tensor_name(node, state_dict_peer):
     node.pull_state_dict(state_dict_peer.url, "model", reversed_dict)
     for k in want:
         assert np.array_equal(reversed_dict[k], want[k]), k
+
+
+def test_a_state_dict_pulled_again_follows_its_tensors(node, state_dict_peer):
+    """The destination prepared for a state dict is used again only while the dict holds the
+    same tensors: a tensor put in its place gets the bytes, a wrong one is refused."""
+    want = helpers.state_dict(seed=1)
+    got = helpers.zeros_like(want)
+    v = ferry.pull_state_dict(node, state_dict_peer.url, "model", got).version
+    ferry.pull_state_dict(node, state_dict_peer.url, "model", got, version=v)
+    assert len(node._state_dicts.dests) == 1
+    old = got["embed.weight"]
+    got["embed.weight"] = np.zeros_like(old)
+    old[:] = 0
+    ferry.pull_state_dict(node, state_dict_peer.url, "model", got, version=v)
+    assert np.array_equal(got["embed.weight"], want["embed.weight"]) and not old.any()
+    got["layer0.bias"] = np.zeros(32, np.float32)
+    with pytest.raises(ferry.InvalidArgument, match="tensor 'layer0.bias'"):
+        ferry.pull_state_dict(node, state_dict_peer.url, "model", got, version=v)
+    with pytest.raises(ferry.NotFound):
+        ferry.pull_state_dict(node, state_dict_peer.url, "model", got, version=v + 1)
 
 
 def test_state_dict_mismatches_name_the_tensor(node, state_dict_peer):
@@ -423,3 +443,32 @@ def test_examples_run(example, args):
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "DIFFER" not in r.stdout
+
+
+def test_client_publishes_over_the_nodes_regions(ferryd):
+    with ferry.Client(ferryd.url) as c:
+        data = pattern(4 * PAGE, seed=8).tobytes()
+        region = c.put("blob", data)["extents"][0]["region"]
+        info = c.publish("second-half", [(region, 2 * PAGE, 2 * PAGE)], meta=[1, 2])
+        assert (info["size"], info["meta"]) == (2 * PAGE, [1, 2])
+        assert c.get("second-half") == data[2 * PAGE:]
+        out = bytearray(4 * PAGE)
+        assert c.get("blob", out=out) == 4 * PAGE and bytes(out) == data
+        with pytest.raises(ferry.OutOfRange):
+            c.get("blob", out=bytearray(PAGE))
+        with pytest.raises(ferry.NotFound):
+            c.publish("x", [(region + 99, 0, 1)])
+        with pytest.raises(ferry.InvalidArgument, match="a layout must be"):
+            c.publish("x", np.zeros(4))
+
+
+def test_tensors_and_buffers_are_layouts_of_a_node(node, array_peer):
+    a, b = np.zeros(PAGE, np.uint8), bytearray(PAGE)
+    node.pull(array_peer.url, "array", [a, b], byte_range=(0, 2 * PAGE))
+    want = pattern(1 << 20)
+    assert np.array_equal(a, want[:PAGE]) and bytes(b) == want[PAGE:2 * PAGE].tobytes()
+    info = node.publish("both", [a, b])
+    assert info["size"] == 2 * PAGE and len(info["extents"]) == 2
+    with node.register(np.zeros(8, np.uint8)) as r:
+        assert r.id in node._regions
+    assert r.id not in node._regions

@@ -195,6 +195,22 @@ TEST_F(FerrydTest, HealthAndNodeDescribeTheNode) {
   EXPECT_HTTP_ERROR(c.Get("/v1/nothing"), 404, "NOT_FOUND");
 }
 
+TEST_F(FerrydTest, JsonAnswersAreNotCompressedForClientsThatAcceptIt) {
+  auto c = a_->Client();
+  for (int i = 0; i < 200; ++i) {  // an answer big enough to be worth compressing
+    ASSERT_EQ(c.Post("/v1/regions", R"({"device":"host","size":4096})", "application/json")->status,
+              201);
+  }
+  for (const char* accept : {"br", "gzip, deflate", "br, gzip, deflate"}) {
+    auto r = c.Get("/v1/regions", {{"Accept-Encoding", accept}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_FALSE(r->has_header("Content-Encoding")) << accept;
+    EXPECT_EQ(r->get_header_value("Content-Type"), "application/json; charset=utf-8");
+    EXPECT_EQ(json::parse(r->body)["regions"].size(), 200u) << accept;
+  }
+}
+
 TEST_F(FerrydTest, ProgressThreadsDefaultToOnePerRailUpToHalfTheCpus) {
   b_ = std::make_unique<Ferryd>(TempDir("b"), std::vector<std::string>{"--progress-threads", "0"});
   ASSERT_NO_FATAL_FAILURE(b_->Start());

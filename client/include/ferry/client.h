@@ -49,8 +49,10 @@ class Client {
   absl::Status Get(const std::string& name, std::ostream& out,
                    std::optional<uint64_t> version = std::nullopt,
                    const Progress& progress = nullptr);
+  // `with_extents` false: without the layout (a shorter answer for a big one).
   absl::StatusOr<ObjectInfo> Stat(const std::string& name,
-                                  std::optional<uint64_t> version = std::nullopt);
+                                  std::optional<uint64_t> version = std::nullopt,
+                                  bool with_extents = true);
   absl::StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix = "",
                                                size_t limit = 1000);
   // Every version of `name`, and the buffers the node allocated for it (Put, Pull into a

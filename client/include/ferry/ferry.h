@@ -123,8 +123,9 @@ FERRY_API int ferry_client_get(ferry_client* c, const char* name, uint64_t versi
                                size_t* size);
 FERRY_API int ferry_client_get_file(ferry_client* c, const char* name, uint64_t version,
                                     const char* path);
+/* with_extents 0: the description without the layout (shorter for a big one). */
 FERRY_API int ferry_client_stat(ferry_client* c, const char* name, uint64_t version,
-                                char** info);
+                                int with_extents, char** info);
 /* *list: a JSON array of descriptions. */
 FERRY_API int ferry_client_list(ferry_client* c, const char* prefix, size_t limit, char** list);
 FERRY_API int ferry_client_remove(ferry_client* c, const char* name);
