@@ -1,11 +1,6 @@
 // The C ABI (ferry/ferry.h) over ferry::Client and ferry::EmbeddedNode.
 #include "ferry/ferry.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -18,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
+#include "client/input_file.h"
 #include "ferry/client.h"
 #include "ferry/node.h"
 #include "ferry/tensors.h"
@@ -207,38 +203,6 @@ absl::StatusOr<EmbeddedNodeOptions> NodeOptionsOf(const char* text) {
   return o;
 }
 
-// A file's bytes read as an upload goes.
-class File {
- public:
-  explicit File(const std::string& path) : path_(path), fd_(open(path.c_str(), O_RDONLY | O_CLOEXEC)) {}
-  ~File() {
-    if (fd_ >= 0) close(fd_);
-  }
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-  absl::StatusOr<uint64_t> Size() const {
-    struct stat st = {};
-    if (fd_ < 0 || fstat(fd_, &st) != 0) return absl::ErrnoToStatus(errno, "cannot read " + path_);
-    if (!S_ISREG(st.st_mode)) return absl::InvalidArgumentError(path_ + " is not a regular file");
-    return static_cast<uint64_t>(st.st_size);
-  }
-  absl::Status Read(uint64_t offset, char* out, size_t n) const {
-    while (n > 0) {
-      const ssize_t got = pread(fd_, out, n, static_cast<off_t>(offset));
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0) return absl::ErrnoToStatus(errno, "reading " + path_);
-      if (got == 0) return absl::DataLossError(path_ + " got shorter while it was read");
-      out += got;
-      offset += static_cast<uint64_t>(got);
-      n -= static_cast<size_t>(got);
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  std::string path_;
-  int fd_;
-};
 
 }  // namespace
 }  // namespace ferry
@@ -288,8 +252,9 @@ int ferry_client_put_file(ferry_client* c, const char* name, const char* path,
     RETURN_IF_ERROR(Required(c, "client"));
     RETURN_IF_ERROR(Required(name, "name"));
     RETURN_IF_ERROR(Required(path, "path"));
-    const ferry::File file(path);
-    ASSIGN_OR_RETURN(const uint64_t size, file.Size());
+    const ferry::InputFile file(path);
+    if (!file.ok()) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+    const uint64_t size = file.size();
     auto read = [&file](uint64_t offset, char* out, size_t n) { return file.Read(offset, out, n); };
     ferry::SafetensorsLayout layout{.data_offset = 0, .data_size = size};
     std::string meta;

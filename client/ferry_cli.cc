@@ -1,10 +1,7 @@
 // ferry: the command-line client. See --help.
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +16,7 @@
 #include "engine/topology.h"
 #include "ferry/client.h"
 #include "ferry/tensors.h"
+#include "client/input_file.h"
 
 namespace {
 
@@ -48,58 +46,6 @@ void Rate(const char* verb, uint64_t bytes, double seconds) {
                seconds > 0 ? static_cast<double>(bytes) / seconds / 1e6 : 0.0);
 }
 
-// A file's bytes for `ferry put`: a regular file is read as the upload goes (a model's weights
-// may be most of the machine's memory), anything else (a pipe) is read whole first.
-class InputFile {
- public:
-  explicit InputFile(std::string path) : path_(std::move(path)) {
-    fd_ = open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    struct stat st = {};
-    if (fd_ < 0 || fstat(fd_, &st) != 0 || S_ISDIR(st.st_mode)) return;
-    if (S_ISREG(st.st_mode)) {
-      size_ = static_cast<uint64_t>(st.st_size);
-      ok_ = true;
-      posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
-      return;
-    }
-    char buf[1 << 16];
-    ssize_t n;
-    while ((n = read(fd_, buf, sizeof(buf))) > 0) whole_.append(buf, static_cast<size_t>(n));
-    ok_ = n == 0;
-    size_ = whole_.size();
-  }
-  ~InputFile() {
-    if (fd_ >= 0) close(fd_);
-  }
-  InputFile(const InputFile&) = delete;
-  InputFile& operator=(const InputFile&) = delete;
-  bool ok() const { return ok_; }
-  uint64_t size() const { return size_; }
-  // The n bytes at offset. kDataLoss: the file got shorter since it was opened.
-  absl::Status Read(uint64_t offset, char* out, size_t n) const {
-    if (offset + n <= whole_.size()) {
-      std::memcpy(out, whole_.data() + offset, n);
-      return absl::OkStatus();
-    }
-    while (n > 0) {
-      const ssize_t got = pread(fd_, out, n, static_cast<off_t>(offset));
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0) return absl::ErrnoToStatus(errno, "reading " + path_);
-      if (got == 0) return absl::DataLossError(path_ + " got shorter while it was read");
-      out += got;
-      offset += static_cast<uint64_t>(got);
-      n -= static_cast<size_t>(got);
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  bool ok_ = false;
-  uint64_t size_ = 0;
-  std::string whole_;  // a pipe's bytes
-};
 
 int Fail(const absl::Status& s) {
   if (isatty(2)) std::fprintf(stderr, "\r\033[K");
@@ -180,7 +126,7 @@ int main(int argc, char** argv) {
   ferry::Client& c = **client;
   const absl::Time start = absl::Now();
   if (*put) {
-    const InputFile in(file);
+    const ferry::InputFile in(file);
     if (!in.ok()) return Fail(absl::NotFoundError("cannot read " + file));
     // A safetensors file: its header goes as the tensor table, its data as the object.
     ferry::SafetensorsLayout st{.data_offset = 0, .data_size = in.size()};
