@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/crc32c.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
 #include "wire/api_json.h"
@@ -100,7 +101,8 @@ absl::Status Client::Get(const std::string& name, std::ostream& out,
   std::string path = "/v1/objects/" + EncodeName(name) + "/data";
   if (version) path += "?version=" + std::to_string(*version);
   uint64_t total = 0, done = 0;
-  std::string error_body;
+  std::string error_body, want_crc;
+  uint32_t crc = 0;
   int status = 0;
   auto r = impl_->http.Get(
       path.c_str(),
@@ -109,6 +111,7 @@ absl::Status Client::Get(const std::string& name, std::ostream& out,
         if (res.has_header("Content-Length")) {
           total = std::stoull(res.get_header_value("Content-Length"));
         }
+        want_crc = res.get_header_value("X-Ferry-CRC32C");
         return true;
       },
       [&](const char* data, size_t n) {
@@ -117,6 +120,7 @@ absl::Status Client::Get(const std::string& name, std::ostream& out,
           return true;
         }
         out.write(data, static_cast<std::streamsize>(n));
+        crc = Crc32c(crc, data, n);
         done += n;
         if (progress) progress(done, total);
         return static_cast<bool>(out);
@@ -124,6 +128,11 @@ absl::Status Client::Get(const std::string& name, std::ostream& out,
   if (r && status >= 300) r->body = error_body;
   RETURN_IF_ERROR(StatusFromResult(r, impl_->url));
   if (!out) return absl::DataLossError("could not write the output");
+  if (!want_crc.empty() && Crc32cHex(crc) != want_crc) {
+    return absl::DataLossError(absl::StrCat(impl_->url, ": the bytes of '", name,
+                                            "' came with CRC32C ", Crc32cHex(crc), ", not the ",
+                                            want_crc, " the node has for them"));
+  }
   return absl::OkStatus();
 }
 

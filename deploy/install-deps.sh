@@ -9,7 +9,7 @@ packages=(
   libabsl-dev libspdlog-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
   libssl-dev
   iproute2 iperf3 curl
-  python3 python3-numpy python3-pytest
+  python3 python3-numpy python3-pytest wget aria2
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
+#include "wire/http_status.h"
 #include "base/bytes.h"
 #include "base/ids.h"
 #include "nlohmann/json.hpp"
@@ -69,8 +70,9 @@ std::set<uint64_t> RegionsOf(const std::vector<Extent>& extents) {
 }
 
 // Records are binary (schema 2): u8 format (2) | name | u64 version | u64 size |
-// u64 created_ms | u32 n | n x (u64 region, u64 offset, u64 length) [| bytes meta],
-// little-endian; a record without metadata ends after its extents. Stores of schema 1 hold JSON
+// u64 created_ms | u32 n | n x (u64 region, u64 offset, u64 length)
+// [| bytes meta [| bytes content_type [| u32 crc32c]]], little-endian: a record ends after the
+// last of these it has (a record without any, after its extents). Stores of schema 1 hold JSON
 // records, read as they are.
 constexpr uint8_t kRecordFormat = 2;
 
@@ -89,7 +91,10 @@ std::string EncodeRecord(const ObjectRecord& r) {
     w.U64(e.offset);
     w.U64(e.length);
   }
-  if (!r.meta.empty()) w.Bytes(r.meta);
+  const bool crc = r.crc32c.has_value(), type = crc || !r.content_type.empty();
+  if (type || !r.meta.empty()) w.Bytes(r.meta);
+  if (type) w.Bytes(r.content_type);
+  if (crc) w.U32(*r.crc32c);
   return out;
 }
 
@@ -130,10 +135,24 @@ absl::StatusOr<ObjectRecord> DecodeRecord(const std::string& value) {
     in.U64(&e.offset);
     in.U64(&e.length);
   }
-  if (in.left() > 0 && (!in.Bytes(&r.meta) || in.left() != 0)) {
-    return absl::DataLossError("catalog: bad record");
+  bool ok = in.left() == 0 || in.Bytes(&r.meta);
+  if (ok && in.left() > 0) ok = in.Bytes(&r.content_type);
+  if (ok && in.left() > 0) {
+    uint32_t crc = 0;
+    ok = in.U32(&crc);
+    r.crc32c = crc;
   }
+  if (!ok || in.left() != 0) return absl::DataLossError("catalog: bad record");
   return r;
+}
+
+// PreconditionFailed (kFailedPrecondition, HTTP 412) unless the latest version of `name` (0:
+// none) is `want`.
+absl::Status CheckLatest(const std::string& name, uint64_t latest, uint64_t want) {
+  if (latest == want) return absl::OkStatus();
+  return PreconditionFailed(
+      want == 0 ? absl::StrCat("object '", name, "' exists (version ", latest, ")")
+                : absl::StrCat("object '", name, "' is at version ", latest, ", not ", want));
 }
 
 // Adds to `batch` the deletion of `name`'s versions up to `last` (inclusive) and their records
@@ -266,13 +285,15 @@ absl::StatusOr<uint64_t> Catalog::NextRegionId() {
 absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
                                               const std::vector<Extent>& extents,
                                               bool replace, std::set<uint64_t>* released,
-                                              bool durable, const std::string& meta) {
+                                              bool durable, const PublishExtras& extras) {
   RETURN_IF_ERROR(ValidateObjectName(name));
   ObjectRecord r;
   r.name = name;
   r.extents = extents;
   r.durable = durable;
-  r.meta = meta;
+  r.meta = extras.meta;
+  r.content_type = extras.content_type;
+  r.crc32c = extras.crc32c;
   for (const Extent& e : extents) {
     if (r.size + e.length < r.size) return absl::InvalidArgumentError("object size overflows");
     r.size += e.length;
@@ -283,6 +304,12 @@ absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
   rocksdb::Status s = db_->Get({}, objects_, LatestKey(name), &latest);
   if (!s.ok() && !s.IsNotFound()) return FromRocksDb(s, "read object");
   const bool in_memory = ephemeral_.contains(name);
+  if (extras.if_latest) {
+    const uint64_t now = s.ok()      ? DecodeU64(latest)
+                         : in_memory ? ephemeral_[name].rbegin()->first
+                                     : 0;
+    RETURN_IF_ERROR(CheckLatest(name, now, *extras.if_latest));
+  }
   if ((s.ok() || in_memory) && !replace) {
     return absl::AlreadyExistsError(
         absl::StrCat("object '", name, "' exists; publish with replace=true to make a new version"));
@@ -414,10 +441,12 @@ absl::StatusOr<std::vector<ObjectRecord>> Catalog::List(const std::string& prefi
   return out;
 }
 
-absl::Status Catalog::Delete(const std::string& name, std::set<uint64_t>* released) {
+absl::Status Catalog::Delete(const std::string& name, std::set<uint64_t>* released,
+                             std::optional<uint64_t> if_latest) {
   RETURN_IF_ERROR(ValidateObjectName(name));
   absl::MutexLock lock(&mu_);
   if (auto e = ephemeral_.find(name); e != ephemeral_.end()) {
+    if (if_latest) RETURN_IF_ERROR(CheckLatest(name, e->second.rbegin()->first, *if_latest));
     std::vector<ObjectRecord> removed;
     for (const auto& [v, r] : e->second) removed.push_back(*r);
     ephemeral_.erase(e);
@@ -428,6 +457,7 @@ absl::Status Catalog::Delete(const std::string& name, std::set<uint64_t>* releas
   rocksdb::Status s = db_->Get({}, objects_, LatestKey(name), &latest);
   if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat("no object '", name, "'"));
   RETURN_IF_ERROR(FromRocksDb(s, "read object"));
+  if (if_latest) RETURN_IF_ERROR(CheckLatest(name, DecodeU64(latest), *if_latest));
   rocksdb::WriteBatch batch;
   batch.Delete(objects_, LatestKey(name));
   std::vector<ObjectRecord> removed;

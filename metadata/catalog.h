@@ -33,6 +33,18 @@ struct ObjectRecord {
   std::vector<Extent> extents;  // regions are node-wide region ids, never reused
   int64_t created_ms = 0;  // Unix time
   std::string meta;  // the publisher's metadata (JSON text), empty when none
+  std::string content_type;       // the bytes' media type, empty when not given
+  std::optional<uint32_t> crc32c;  // of the bytes, when the node saw them all (an upload)
+};
+
+// What a publish may carry besides its layout, and its condition.
+struct PublishExtras {
+  std::string meta;
+  std::string content_type;
+  std::optional<uint32_t> crc32c;
+  // Publish only if the name's latest version is this one (0: only if the name has none);
+  // kFailedPrecondition (PreconditionFailed, HTTP 412) otherwise. Default: no condition.
+  std::optional<uint64_t> if_latest;
 };
 
 struct CatalogOptions {
@@ -69,11 +81,12 @@ class Catalog {
   // the removal of the versions past `keep_versions`. `durable` false keeps the version in
   // memory only (no write to the store; gone at restart). kFailedPrecondition: a durable name
   // replaced by an ephemeral version or the other way round. `released` (if given) gets the
-  // regions that no object version uses any more. `meta` is stored with the version as it is.
+  // regions that no object version uses any more. `extras` are stored with the version as they
+  // are; its condition is checked in the same critical section as the write.
   absl::StatusOr<ObjectRecord> Publish(const std::string& name,
                                        const std::vector<Extent>& extents, bool replace,
                                        std::set<uint64_t>* released = nullptr,
-                                       bool durable = true, const std::string& meta = "");
+                                       bool durable = true, const PublishExtras& extras = {});
   // The latest version, or `version`. kNotFound: no such name or version. Shared: records
   // never change, and a big layout is not copied for every pull.
   absl::StatusOr<std::shared_ptr<const ObjectRecord>> Get(
@@ -82,8 +95,10 @@ class Catalog {
   absl::StatusOr<std::vector<ObjectRecord>> List(const std::string& prefix,
                                                  const std::string& after, size_t limit) const;
   // Removes every version of `name`. kNotFound: no such name. `released` (if given) gets the
-  // regions that no object version uses any more.
-  absl::Status Delete(const std::string& name, std::set<uint64_t>* released = nullptr);
+  // regions that no object version uses any more. `if_latest`: only if the latest version is
+  // that one (kFailedPrecondition otherwise).
+  absl::Status Delete(const std::string& name, std::set<uint64_t>* released = nullptr,
+                      std::optional<uint64_t> if_latest = std::nullopt);
   // Number of object versions (latest or not) that have an extent in `region`.
   size_t RegionUsers(uint64_t region) const;
 

@@ -3,13 +3,16 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <optional>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "server/api_json.h"
+#include "server/http_conditions.h"
 #include "wire/api_json.h"
 #include "wire/extents.h"
 #include "wire/http_status.h"
@@ -95,6 +98,34 @@ absl::StatusOr<ObjectTarget> ParseObjectTarget(const httplib::Request& req) {
 // GET /v1/objects/{name}/data. cpp-httplib applies Range headers itself (206, 416) and asks
 // the provider only for the bytes it sends; they go through one buffer per request (pinned
 // for a GPU object), a piece at a time.
+// The short labels of an object's meta as headers: X-Ferry-Meta-KEY for each top-level entry
+// of a meta object that is a string, number or bool (KEY of letters, digits, '-' and '_'; the
+// value printable, up to kMaxMetaHeaderValue). A tensor table (a list) is left out.
+void SetMetaHeaders(const std::string& meta, httplib::Response& res) {
+  constexpr size_t kMaxMetaHeaders = 16, kMaxMetaHeaderValue = 256;
+  if (meta.empty() || meta[0] != '{') return;
+  auto j = ParseJson(meta);
+  if (!j.ok() || !j->is_object()) return;
+  size_t n = 0;
+  for (const auto& [key, v] : j->items()) {
+    if (n == kMaxMetaHeaders) break;
+    const auto key_char = [](char c) {
+      return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+    };
+    if (!(v.is_string() || v.is_number() || v.is_boolean()) || key.empty() || key.size() > 64 ||
+        !std::all_of(key.begin(), key.end(), key_char)) {
+      continue;
+    }
+    const std::string value = v.is_string() ? v.get<std::string>() : v.dump();
+    if (value.size() > kMaxMetaHeaderValue ||
+        !std::all_of(value.begin(), value.end(), [](char c) { return c >= 0x20 && c < 0x7f; })) {
+      continue;
+    }
+    res.set_header("X-Ferry-Meta-" + key, value);
+    ++n;
+  }
+}
+
 void GetData(Node& node, const std::string& name, const httplib::Request& req,
              httplib::Response& res) {
   auto version = VersionParam(req);
@@ -104,6 +135,18 @@ void GetData(Node& node, const std::string& name, const httplib::Request& req,
   if (obj->detached) {
     return WriteError(res, Conflict("object '" + name + "' is detached: its regions are not "
                                     "registered since the node restarted"));
+  }
+  const std::string etag = ETagOf(node.id(), *obj);
+  if (AnsweredByConditions(req, res, etag, obj->created_ms)) return;
+  res.set_header("X-Ferry-Version", std::to_string(obj->version));
+  if (obj->crc32c) res.set_header("X-Ferry-CRC32C", Crc32cHex(*obj->crc32c));
+  SetMetaHeaders(obj->meta, res);
+  const std::string type =
+      obj->content_type.empty() ? "application/octet-stream" : obj->content_type;
+  // A Range with an If-Range that names another version gets the whole of this one. httplib
+  // reads the ranges from the request it handed over (its own, not const where it lives).
+  if (!req.ranges.empty() && !RangeApplies(req, etag, obj->created_ms)) {
+    const_cast<httplib::Request&>(req).ranges.clear();
   }
   // httplib 0.11.4 answers 206 even for a range that starts past the end: refuse it here.
   const auto size = static_cast<ssize_t>(obj->size);
@@ -116,11 +159,15 @@ void GetData(Node& node, const std::string& name, const httplib::Request& req,
       return;
     }
   }
+  if (req.method == "HEAD") {  // the headers a GET would have; no buffer, no read
+    res.set_header("Content-Length", std::to_string(obj->size));
+    res.set_header("Content-Type", type);
+    return;
+  }
   auto buffer = node.ReadBuffer(*obj);
   if (!buffer.ok()) return WriteError(res, buffer.status());
-  res.set_header("X-Ferry-Version", std::to_string(obj->version));
   res.set_content_provider(
-      obj->size, "application/octet-stream",
+      obj->size, type,
       [&node, record = *obj,
        piece = std::shared_ptr<char>(buffer->release(), buffer->get_deleter())](
           size_t offset, size_t length, httplib::DataSink& sink) {
@@ -144,6 +191,14 @@ absl::StatusOr<UploadTarget> UploadTargetOf(const httplib::Request& req) {
   ASSIGN_OR_RETURN(to.device, Device::Parse(req.has_param("device")
                                                         ? req.get_param_value("device")
                                                         : "host"));
+  // The bytes' type: ?content_type=, else the request's own unless it only says "bytes".
+  const std::string sent = req.get_header_value("Content-Type");
+  if (req.has_param("content_type")) {
+    to.publish.content_type = req.get_param_value("content_type");
+  } else if (!sent.empty() && sent != "application/octet-stream" &&
+             sent.rfind("application/x-www-form-urlencoded", 0) != 0) {
+    to.publish.content_type = sent;
+  }
   if (req.has_param("meta_length") &&
       (!absl::SimpleAtoi(req.get_param_value("meta_length"), &to.meta_length) ||
        to.meta_length > kMaxMeta)) {
@@ -151,6 +206,15 @@ absl::StatusOr<UploadTarget> UploadTargetOf(const httplib::Request& req) {
         absl::StrCat("meta_length must be a number of bytes up to ", kMaxMeta));
   }
   return to;
+}
+
+// A PUT's or DELETE's If-Match / If-None-Match as the condition the catalog checks; If-Match
+// makes a PUT a replace of the version it names.
+absl::Status ApplyWriteCondition(const Node& node, const std::string& name,
+                                 const httplib::Request& req, PublishOptions& publish) {
+  ASSIGN_OR_RETURN(publish.if_latest, WriteCondition(node, name, req));
+  if (publish.if_latest.value_or(0) > 0) publish.replace = true;
+  return absl::OkStatus();
 }
 
 // Node-to-node messages (/v1/peer) carry no token: they are sealed under the cluster key
@@ -229,6 +293,7 @@ void PutDataAsItArrives(Node& node, const std::string& name, const httplib::Requ
                         size_t max_body) {
   absl::StatusOr<UploadTarget> to = UploadTargetOf(req);
   absl::Status s = to.status();
+  if (s.ok()) s = ApplyWriteCondition(node, name, req, to->publish);
   uint64_t length = 0;
   if (s.ok() && !absl::SimpleAtoi(req.get_header_value("Content-Length"), &length)) {
     s = absl::InvalidArgumentError("Content-Length must be a number of bytes");
@@ -270,17 +335,20 @@ void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res
   if (absl::Status s = metadata::ValidateObjectName(name); !s.ok()) return WriteError(res, s);
   const std::string& m = req.method;
   if (target->action.empty()) {
-    if (m == "GET") {
+    if (m == "GET" || m == "HEAD") {
       auto version = VersionParam(req);
       if (!version.ok()) return WriteError(res, version.status());
       auto extents = BoolParam(req, "extents", true);
       if (!extents.ok()) return WriteError(res, extents.status());
       auto view = node.Describe(name, *version, *extents);
       if (!view.ok()) return WriteError(res, view.status());
+      if (AnsweredByConditions(req, res, ETagOf(node.id(), *view), view->created_ms)) return;
       return WriteJson(res, ToJson(*view, *extents));
     }
     if (m == "DELETE") {
-      absl::Status s = node.Delete(name);
+      PublishOptions condition;
+      absl::Status s = ApplyWriteCondition(node, name, req, condition);
+      if (s.ok()) s = node.Delete(name, condition.if_latest);
       if (!s.ok()) return WriteError(res, s);
       return WriteJson(res, {{"deleted", name}});
     }
@@ -304,15 +372,27 @@ void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res
         to->publish.durable = (*body)["durable"].get<bool>();
       }
       if (body->contains("meta")) to->publish.meta = (*body)["meta"].dump();
+      if (body->contains("content_type")) {
+        if (!(*body)["content_type"].is_string()) {
+          return WriteError(res, absl::InvalidArgumentError("\"content_type\" must be a string"));
+        }
+        to->publish.content_type = (*body)["content_type"].get<std::string>();
+      }
+      if (absl::Status s = ApplyWriteCondition(node, name, req, to->publish); !s.ok()) {
+        return WriteError(res, s);
+      }
       auto published = node.Publish(name, *layout, to->publish);
       if (!published.ok()) return WriteError(res, published.status());
       return WriteJson(res, ToJson(*published), 201);
     }
   } else if (target->action == "data") {
-    if (m == "GET") return GetData(node, name, req, res);
+    if (m == "GET" || m == "HEAD") return GetData(node, name, req, res);
     if (m == "PUT") {
       auto to = UploadTargetOf(req);
       if (!to.ok()) return WriteError(res, to.status());
+      if (absl::Status s = ApplyWriteCondition(node, name, req, to->publish); !s.ok()) {
+        return WriteError(res, s);
+      }
       if (to->meta_length > req.body.size()) {
         return WriteError(res, absl::InvalidArgumentError("meta_length is more than the body"));
       }

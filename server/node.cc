@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/crc32c.h"
 #include "base/hex.h"
 #include "base/ids.h"
 #include "base/status.h"
@@ -33,6 +34,17 @@ absl::Status ValidateMeta(const std::string& meta) {
   absl::Status json = ParseJson(meta).status();
   if (!json.ok()) return absl::InvalidArgumentError(absl::StrCat("meta: ", json.message()));
   return absl::OkStatus();
+}
+
+// A media type as HTTP writes it (type/subtype, parameters allowed), or empty.
+absl::Status ValidateContentType(const std::string& type) {
+  const bool printable = std::all_of(type.begin(), type.end(),
+                                     [](char c) { return c >= 0x20 && c < 0x7f; });
+  if (type.empty() || (type.size() <= 127 && printable && type.find('/') != std::string::npos)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError("content_type must be a media type (type/subtype) of at most "
+                                    "127 printable characters");
 }
 
 size_t ServeThreads(size_t wanted) {
@@ -263,8 +275,10 @@ std::vector<RegionInfo> Node::Regions() {
 bool Node::Attached(const metadata::ObjectRecord& r) const { return AllRegistered(r.extents); }
 
 absl::StatusOr<ObjectInfo> Node::Publish(const std::string& name, const Layout& layout,
-                                         const PublishOptions& options) {
+                                         const PublishOptions& options,
+                                         std::optional<uint32_t> crc32c) {
   RETURN_IF_ERROR(metadata::ValidateObjectName(name));
+  RETURN_IF_ERROR(ValidateContentType(options.content_type));
   if (layout.empty()) return absl::InvalidArgumentError("an object needs at least one extent");
   if (layout.pieces() > options_.max_extents) {
     return TooLarge(absl::StrCat(layout.pieces(), " extents; the limit is ", options_.max_extents));
@@ -287,7 +301,10 @@ absl::StatusOr<ObjectInfo> Node::Publish(const std::string& name, const Layout& 
   std::set<uint64_t> released;
   ASSIGN_OR_RETURN(metadata::ObjectRecord r,
                    catalog_->Publish(name, extents, options.replace, &released, options.durable,
-                                     options.meta));
+                                     {.meta = options.meta,
+                                      .content_type = options.content_type,
+                                      .crc32c = crc32c,
+                                      .if_latest = options.if_latest}));
   ReleaseLocked(released);
   return View(r, /*with_extents=*/true);
 }
@@ -309,6 +326,8 @@ ObjectInfo Node::View(const metadata::ObjectRecord& r, bool with_extents) const 
   v.created_ms = r.created_ms;
   v.durable = r.durable;
   v.meta = r.meta;
+  v.content_type = r.content_type;
+  v.crc32c = r.crc32c;
   if (with_extents) v.extents = r.extents;
   return v;
 }
@@ -329,9 +348,9 @@ absl::StatusOr<std::vector<ObjectInfo>> Node::List(const std::string& prefix,
   return out;
 }
 
-absl::Status Node::Delete(const std::string& name) {
+absl::Status Node::Delete(const std::string& name, std::optional<uint64_t> if_latest) {
   std::set<uint64_t> released;
-  RETURN_IF_ERROR(catalog_->Delete(name, &released));
+  RETURN_IF_ERROR(catalog_->Delete(name, &released, if_latest));
   absl::MutexLock lock(&mu_);
   ReleaseLocked(released);
   return absl::OkStatus();
@@ -368,7 +387,14 @@ absl::StatusOr<std::unique_ptr<Node::Upload>> Node::BeginUpload(const std::strin
   RETURN_IF_ERROR(metadata::ValidateObjectName(name));
   if (size == 0) return absl::InvalidArgumentError("an object needs at least one byte");
   RETURN_IF_ERROR(ValidateMeta(options.meta));
-  if (!options.replace && catalog_->Get(name).ok()) {
+  RETURN_IF_ERROR(ValidateContentType(options.content_type));
+  // Refused before any byte comes (the catalog checks again when it publishes).
+  auto latest = catalog_->Get(name);
+  if (options.if_latest && *options.if_latest != (latest.ok() ? (*latest)->version : 0)) {
+    return PreconditionFailed(absl::StrCat("object '", name, "' is not at version ",
+                                           *options.if_latest));
+  }
+  if (!options.replace && latest.ok()) {
     return absl::AlreadyExistsError(absl::StrCat("object '", name, "' exists"));
   }
   ASSIGN_OR_RETURN(RegionInfo region, AllocateRegion(device, size, true));
@@ -384,6 +410,7 @@ absl::Status Node::Upload::Append(const char* data, size_t n) {
     return absl::OutOfRangeError(
         absl::StrCat("more than the ", region_.size, " bytes announced"));
   }
+  crc32c_ = Crc32c(crc32c_, data, n);
   // Host memory takes the bytes at once; GPU memory in copies of a whole pinned stage
   // (cpp-httplib hands a body over in pieces of 4 KiB).
   if (region_.device.kind != Device::Kind::kCuda) {
@@ -420,7 +447,8 @@ absl::StatusOr<ObjectInfo> Node::Upload::Finish() {
   }
   RETURN_IF_ERROR(Flush());
   ASSIGN_OR_RETURN(ObjectInfo view,
-                   node_->Publish(name_, Layout({{region_.id, 0, region_.size}}), options_));
+                   node_->Publish(name_, Layout({{region_.id, 0, region_.size}}), options_,
+                                  crc32c_));
   published_ = true;
   return view;
 }

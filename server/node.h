@@ -103,6 +103,11 @@ struct PublishOptions {
   // The publisher's metadata: a JSON document of at most kMaxMeta bytes, kept with the
   // version and given back by Describe (a tensor table, say). Default: none.
   std::string meta;
+  // The bytes' media type, given back with them. Default: none.
+  std::string content_type;
+  // Publish only if the name's latest version is this one (0: only if it has none); else
+  // kFailedPrecondition (HTTP 412) and nothing changes. Default: no condition.
+  std::optional<uint64_t> if_latest;
 };
 
 // A pull under way. Thread-safe.
@@ -161,7 +166,9 @@ class Node {
   // kNotFound: an unknown region. kAlreadyExists: the name is taken and not `replace`.
   // kResourceExhausted (413): too many pieces.
   absl::StatusOr<ObjectInfo> Publish(const std::string& name, const Layout& layout,
-                                     const PublishOptions& options = {});
+                                     const PublishOptions& options = {}) {
+    return Publish(name, layout, options, std::nullopt);
+  }
   // kNotFound: no such name or version.
   absl::StatusOr<ObjectInfo> Describe(const std::string& name,
                                       std::optional<uint64_t> version = std::nullopt,
@@ -170,7 +177,8 @@ class Node {
                                                const std::string& after, size_t limit) const;
   // Every version of `name`; the regions allocated for it that no version uses any more go
   // too (at once, or when the transfers that still read them end). kNotFound: no such name.
-  absl::Status Delete(const std::string& name);
+  // `if_latest`: only if the latest version is that one (kFailedPrecondition otherwise).
+  absl::Status Delete(const std::string& name, std::optional<uint64_t> if_latest = std::nullopt);
   // The bytes of one object upload (PUT /v1/objects/{name}/data), copied in order as they
   // arrive into the buffer the node allocated for them, and published by Finish. An upload
   // dropped unfinished frees its buffer and publishes nothing.
@@ -196,6 +204,7 @@ class Node {
     RegionInfo region_;
     PublishOptions options_;
     uint64_t written_ = 0;  // bytes appended, staged ones included
+    uint32_t crc32c_ = 0;   // of the bytes appended
     PinnedStages::Buffer stage_;  // GPU memory: taken at the first Append
     size_t staged_ = 0;           // bytes in stage_ not yet copied to the device
     bool published_ = false;
@@ -254,6 +263,10 @@ class Node {
 
  private:
   friend class PullHandle;
+  // Publish, with the CRC32C of the bytes when the node saw them all (an upload).
+  absl::StatusOr<ObjectInfo> Publish(const std::string& name, const Layout& layout,
+                                     const PublishOptions& options,
+                                     std::optional<uint32_t> crc32c);
   struct PullTarget;
   struct Session;
   struct ServedPull;

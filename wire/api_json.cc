@@ -1,5 +1,6 @@
 #include "wire/api_json.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "wire/extents.h"
@@ -51,6 +52,8 @@ nlohmann::json ToJson(const ObjectInfo& o, bool with_extents) {
                       {"devices", devices},     {"on_rails", o.on_rails}};
   // Valid JSON: the node checked it at publish.
   if (!o.meta.empty()) j["meta"] = nlohmann::json::parse(o.meta, nullptr, false);
+  if (!o.content_type.empty()) j["content_type"] = o.content_type;
+  if (o.crc32c) j["crc32c"] = Crc32cHex(*o.crc32c);
   if (with_extents) {
     nlohmann::json extents = nlohmann::json::array();
     for (const Extent& e : o.extents) {
@@ -80,6 +83,13 @@ absl::StatusOr<ObjectInfo> ObjectInfoFromJson(const nlohmann::json& j) {
     ASSIGN_OR_RETURN(o.extents, ExtentsFromJson(j["extents"]));
   }
   if (j.contains("meta")) o.meta = j["meta"].dump();
+  if (j.contains("content_type") && j["content_type"].is_string()) {
+    o.content_type = j["content_type"].get<std::string>();
+  }
+  if (j.contains("crc32c") && j["crc32c"].is_string()) {
+    uint32_t crc = 0;
+    if (absl::SimpleHexAtoi(j["crc32c"].get<std::string>(), &crc)) o.crc32c = crc;
+  }
   return o;
 }
 

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "absl/strings/cord.h"
@@ -20,6 +21,16 @@ absl::Status WithHttpStatus(absl::Status s, int http) {
 
 absl::Status Conflict(absl::string_view message) {
   return WithHttpStatus(absl::FailedPreconditionError(std::string(message)), 409);
+}
+
+absl::Status PreconditionFailed(absl::string_view message) {
+  return WithHttpStatus(absl::FailedPreconditionError(std::string(message)), 412);
+}
+
+std::string Crc32cHex(uint32_t crc) {
+  char out[9];
+  std::snprintf(out, sizeof(out), "%08x", crc);
+  return out;
 }
 
 absl::Status TooLarge(absl::string_view message) {
@@ -88,6 +99,7 @@ absl::Status StatusFromResult(const httplib::Result& result, const std::string& 
       return Conflict(s.message());
     }
     if (result->status == 413) return TooLarge(s.message());
+    if (result->status == 412) return PreconditionFailed(s.message());
     return s;
   }
   return absl::UnknownError(absl::StrCat(context, ": HTTP ", result->status));

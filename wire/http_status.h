@@ -23,6 +23,8 @@ namespace ferry {
 // a request over a limit.
 absl::Status Conflict(absl::string_view message);
 absl::Status TooLarge(absl::string_view message);
+// 412: a conditional request whose condition is false (If-Match, If-None-Match).
+absl::Status PreconditionFailed(absl::string_view message);
 std::optional<int> HttpStatusOverride(const absl::Status& s);
 
 // 400 INVALID_ARGUMENT / FAILED_PRECONDITION / OUT_OF_RANGE, 401 UNAUTHENTICATED,
@@ -50,6 +52,10 @@ absl::Status StatusFromJson(const nlohmann::json& body, const std::string& conte
 inline constexpr size_t kMaxJsonDepth = 64;
 // Parses `text` as JSON. kInvalidArgument: not JSON, or nested deeper than `max_depth`.
 absl::StatusOr<nlohmann::json> ParseJson(std::string_view text, size_t max_depth = kMaxJsonDepth);
+
+// A CRC32C as ferry writes it (X-Ferry-CRC32C, "crc32c" in descriptions): 8 lowercase hex
+// digits.
+std::string Crc32cHex(uint32_t crc);
 
 // An object name as one URL path segment: "/" is written %2F.
 std::string EncodeName(const std::string& name);

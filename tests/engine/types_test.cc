@@ -1,9 +1,12 @@
+#include "base/crc32c.h"
 #include "base/hex.h"
 #include "base/ids.h"
 #include "engine/types.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -18,6 +21,21 @@ namespace ferry::engine {
 namespace {
 
 using ::ferry::testing::StatusIs;
+
+TEST(Crc32cTest, MatchesTheKnownValuesAndExtendsPieceByPiece) {
+  EXPECT_EQ(Crc32c(0, "123456789", 9), 0xe3069283u);  // RFC 3720's check value
+  EXPECT_EQ(Crc32c(0, "", 0), 0u);
+  std::string bytes(100003, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 131 + 7);
+  const uint32_t whole = Crc32c(0, bytes.data(), bytes.size());
+  uint32_t pieces = 0;
+  for (size_t at = 0; at < bytes.size(); at += 4093) {
+    pieces = Crc32c(pieces, bytes.data() + at, std::min<size_t>(4093, bytes.size() - at));
+  }
+  EXPECT_EQ(pieces, whole);
+  bytes[5000] ^= 1;
+  EXPECT_NE(Crc32c(0, bytes.data(), bytes.size()), whole);
+}
 
 TEST(DeviceTest, ParsesHostAndCuda) {
   ASSERT_OK_AND_ASSIGN(Device host, Device::Parse("host"));

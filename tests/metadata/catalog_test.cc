@@ -55,19 +55,53 @@ TEST_F(CatalogTest, PublishedObjectsComeBackAfterReopenWithNamesVersionsAndLayou
   EXPECT_EQ(catalog_->RegionUsers(3), 1u);
 }
 
-TEST_F(CatalogTest, MetaComesBackAfterReopenAndVersionsWithoutItHaveNone) {
+TEST_F(CatalogTest, MetaTypeAndChecksumComeBackAfterReopenAndVersionsWithoutThemHaveNone) {
   const std::string meta = R"({"tensors":[{"name":"w","dtype":"F32","shape":[2],"offset":0}]})";
-  ASSERT_OK(catalog_->Publish("m", {{1, 0, 8}}, false, nullptr, true, meta).status());
+  ASSERT_OK(catalog_->Publish("m", {{1, 0, 8}}, false, nullptr, true, {.meta = meta}).status());
   ASSERT_OK(catalog_->Publish("m", {{1, 0, 8}}, true).status());
-  ASSERT_OK(catalog_->Publish("kv", {{1, 0, 8}}, false, nullptr, false, "[1]").status());
+  ASSERT_OK(catalog_->Publish("m", {{1, 0, 8}}, true, nullptr, true,
+                              {.content_type = "image/png", .crc32c = 0xdeadbeef})
+                .status());
+  ASSERT_OK(catalog_->Publish("m", {{1, 0, 8}}, true, nullptr, true, {.crc32c = 7}).status());
+  ASSERT_OK(catalog_->Publish("kv", {{1, 0, 8}}, false, nullptr, false, {.meta = "[1]"}).status());
   ASSERT_OK_AND_ASSIGN(auto kv, catalog_->Get("kv"));
   EXPECT_EQ(kv->meta, "[1]");
   ASSERT_NO_FATAL_FAILURE(Reopen());
   ASSERT_OK_AND_ASSIGN(auto v1, catalog_->Get("m", 1));
   EXPECT_EQ(v1->meta, meta);
   EXPECT_EQ(v1->extents, (std::vector<Extent>{{1, 0, 8}}));
+  EXPECT_EQ(v1->crc32c, std::nullopt);
   ASSERT_OK_AND_ASSIGN(auto v2, catalog_->Get("m", 2));
   EXPECT_EQ(v2->meta, "");
+  EXPECT_EQ(v2->content_type, "");
+  ASSERT_OK_AND_ASSIGN(auto v3, catalog_->Get("m", 3));
+  EXPECT_EQ(v3->content_type, "image/png");
+  EXPECT_EQ(v3->crc32c, 0xdeadbeefu);
+  ASSERT_OK_AND_ASSIGN(auto v4, catalog_->Get("m", 4));
+  EXPECT_EQ(v4->crc32c, 7u);
+  EXPECT_EQ(v4->content_type, "");
+}
+
+TEST_F(CatalogTest, ConditionalPublishAndDeleteHappenOnlyAtTheVersionNamed) {
+  ASSERT_OK(catalog_->Publish("c", {{1, 0, 8}}, false, nullptr, true, {.if_latest = 0}).status());
+  EXPECT_THAT(catalog_->Publish("c", {{1, 0, 8}}, true, nullptr, true, {.if_latest = 0}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(catalog_->Publish("c", {{1, 0, 8}}, true, nullptr, true, {.if_latest = 2}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_OK_AND_ASSIGN(auto v2, catalog_->Publish("c", {{1, 0, 8}}, true, nullptr, true,
+                                                  {.if_latest = 1}));
+  EXPECT_EQ(v2.version, 2u);
+  EXPECT_THAT(catalog_->Delete("c", nullptr, 1), StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_OK_AND_ASSIGN(auto still, catalog_->Get("c"));
+  EXPECT_EQ(still->version, 2u);
+  ASSERT_OK(catalog_->Delete("c", nullptr, 2));
+  EXPECT_THAT(catalog_->Get("c").status(), StatusIs(absl::StatusCode::kNotFound));
+  // The same for an ephemeral name.
+  ASSERT_OK(catalog_->Publish("e", {{1, 0, 8}}, false, nullptr, false).status());
+  EXPECT_THAT(catalog_->Publish("e", {{1, 0, 8}}, true, nullptr, false, {.if_latest = 0}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(catalog_->Delete("e", nullptr, 5), StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_OK(catalog_->Delete("e", nullptr, 1));
 }
 
 TEST_F(CatalogTest, PublishingAnExistingNameWithoutReplaceIsAlreadyExistsAndChangesNothing) {

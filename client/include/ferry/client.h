@@ -46,6 +46,8 @@ class Client {
   absl::StatusOr<ObjectInfo> Put(const std::string& name, uint64_t size, const Source& source,
                                  bool replace = false, const Progress& progress = nullptr,
                                  const std::string& device = "host", const std::string& meta = "");
+  // The object's bytes into `out`. kDataLoss: they do not match the CRC32C the node has for them
+  // (an uploaded object), or `out` failed.
   absl::Status Get(const std::string& name, std::ostream& out,
                    std::optional<uint64_t> version = std::nullopt,
                    const Progress& progress = nullptr);

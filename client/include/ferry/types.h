@@ -66,6 +66,8 @@ struct ObjectInfo {
   std::vector<Device> devices;  // where its extents live, each once
   std::vector<Extent> extents;  // its layout (empty when asked for without)
   std::string meta;  // what its publisher attached: JSON text, at most kMaxMeta bytes; or empty
+  std::string content_type;        // the bytes' media type, as its publisher gave it; or empty
+  std::optional<uint32_t> crc32c;  // of the bytes, when the node had them all (an upload)
 };
 
 // The most bytes of metadata an object version carries.
