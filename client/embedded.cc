@@ -4,7 +4,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "base/status.h"
 #include "ferry/node.h"
 #include "server/http_api.h"
@@ -33,7 +32,7 @@ struct EmbeddedNode::Impl {
   std::thread serving;
   std::string url;
   ~Impl() {
-    http.stop();
+    server::StopOnceRunning(http);
     if (serving.joinable()) serving.join();
   }
 };
@@ -66,12 +65,6 @@ absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(
   if (port < 0) return absl::UnavailableError("cannot listen on " + options.listen);
   impl->url = absl::StrCat("http://", host, ":", port);
   impl->serving = std::thread([h = &impl->http] { h->listen_after_bind(); });
-  // httplib's stop() does nothing before the server runs: a node stopped right after it
-  // started would wait for ever for its serving thread. Bounded: the thread only starts a loop.
-  for (const absl::Time give_up = absl::Now() + absl::Seconds(10);
-       !impl->http.is_running() && absl::Now() < give_up;) {
-    absl::SleepFor(absl::Microseconds(100));
-  }
   return std::unique_ptr<EmbeddedNode>(new EmbeddedNode(std::move(impl)));
 }
 

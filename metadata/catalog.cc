@@ -146,15 +146,6 @@ absl::StatusOr<ObjectRecord> DecodeRecord(const std::string& value) {
   return r;
 }
 
-// PreconditionFailed (kFailedPrecondition, HTTP 412) unless the latest version of `name` (0:
-// none) is `want`.
-absl::Status CheckLatest(const std::string& name, uint64_t latest, uint64_t want) {
-  if (latest == want) return absl::OkStatus();
-  return PreconditionFailed(
-      want == 0 ? absl::StrCat("object '", name, "' exists (version ", latest, ")")
-                : absl::StrCat("object '", name, "' is at version ", latest, ", not ", want));
-}
-
 // Adds to `batch` the deletion of `name`'s versions up to `last` (inclusive) and their records
 // to `removed`.
 absl::Status DropVersions(rocksdb::DB& db, rocksdb::ColumnFamilyHandle* objects,
@@ -171,6 +162,13 @@ absl::Status DropVersions(rocksdb::DB& db, rocksdb::ColumnFamilyHandle* objects,
 }
 
 }  // namespace
+
+absl::Status CheckLatest(const std::string& name, uint64_t latest, uint64_t want) {
+  if (latest == want) return absl::OkStatus();
+  return PreconditionFailed(
+      want == 0 ? absl::StrCat("object '", name, "' exists (version ", latest, ")")
+                : absl::StrCat("object '", name, "' is at version ", latest, ", not ", want));
+}
 
 absl::Status ValidateObjectName(const std::string& name) {
   if (name.empty() || name.size() > 256) {

@@ -60,6 +60,10 @@ struct CatalogOptions {
 // no empty, "." or ".." segment.
 absl::Status ValidateObjectName(const std::string& name);
 
+// PreconditionFailed (kFailedPrecondition, HTTP 412) unless the latest version of `name` (0:
+// none) is `want`.
+absl::Status CheckLatest(const std::string& name, uint64_t latest, uint64_t want);
+
 class Catalog {
  public:
   // Opens (creating if needed) the store under `dir`. kDataLoss: a store of another schema

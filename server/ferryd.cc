@@ -2,7 +2,6 @@
 #include <httplib.h>
 #include <malloc.h>
 #include <signal.h>
-#include <unistd.h>
 
 #include <fstream>
 #include <iostream>
@@ -181,10 +180,7 @@ int main(int argc, char** argv) {
     int sig = 0;
     sigwait(&signals, &sig);
     spdlog::info("signal {}: stopping", sig);
-    // httplib's stop() does nothing before the server runs: a signal that came right after
-    // the bind waits (bounded: the main thread only enters its loop) until it does.
-    for (int i = 0; i < 100000 && !server.is_running(); ++i) usleep(100);
-    server.stop();
+    ferry::server::StopOnceRunning(server);
   });
   server.listen_after_bind();
   // listen_after_bind returns after stop(): in-flight requests have been answered.

@@ -1,7 +1,7 @@
-#include "wire/extents.h"
 #include "server/http_api.h"
 
 #include <httplib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <optional>
@@ -346,9 +346,8 @@ void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res
       return WriteJson(res, ToJson(*view, *extents));
     }
     if (m == "DELETE") {
-      PublishOptions condition;
-      absl::Status s = ApplyWriteCondition(node, name, req, condition);
-      if (s.ok()) s = node.Delete(name, condition.if_latest);
+      auto if_latest = WriteCondition(node, name, req);
+      absl::Status s = if_latest.ok() ? node.Delete(name, *if_latest) : if_latest.status();
       if (!s.ok()) return WriteError(res, s);
       return WriteJson(res, {{"deleted", name}});
     }
@@ -461,6 +460,11 @@ void PullsRoute(Node& node, const httplib::Request& req, httplib::Response& res)
 constexpr size_t kKeepAliveRequests = 100000;
 
 }  // namespace
+
+void StopOnceRunning(httplib::Server& server) {
+  for (int i = 0; i < 100000 && !server.is_running(); ++i) usleep(100);
+  server.stop();
+}
 
 void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& options) {
   server.set_payload_max_length(options.max_body);

@@ -22,6 +22,11 @@ struct HttpOptions {
 // Installs every route on `server`; `node` must outlive it.
 void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& options);
 
+// Stops `server`, whose listen_after_bind() has been or is being called on another thread.
+// httplib's stop() does nothing before that loop runs, so this first waits (bounded: the
+// thread only enters its loop) until it does.
+void StopOnceRunning(httplib::Server& server);
+
 }  // namespace ferry::server
 
 #endif  // FERRY_SERVER_HTTP_API_H_

@@ -390,9 +390,9 @@ absl::StatusOr<std::unique_ptr<Node::Upload>> Node::BeginUpload(const std::strin
   RETURN_IF_ERROR(ValidateContentType(options.content_type));
   // Refused before any byte comes (the catalog checks again when it publishes).
   auto latest = catalog_->Get(name);
-  if (options.if_latest && *options.if_latest != (latest.ok() ? (*latest)->version : 0)) {
-    return PreconditionFailed(absl::StrCat("object '", name, "' is not at version ",
-                                           *options.if_latest));
+  if (options.if_latest) {
+    RETURN_IF_ERROR(metadata::CheckLatest(name, latest.ok() ? (*latest)->version : 0,
+                                          *options.if_latest));
   }
   if (!options.replace && latest.ok()) {
     return absl::AlreadyExistsError(absl::StrCat("object '", name, "' exists"));

@@ -128,8 +128,11 @@ class Client:
     def put(self, name: str, data: Any, *, device: str = "host", replace: bool = False,
             meta: Any = None) -> dict:
         """Uploads `data` (bytes or any buffer) as object `name`; `meta`: JSON-able, kept with it."""
-        m = memory_of(data) if not isinstance(data, (bytes, bytearray)) or len(data) else None
-        addr, size = (m.addr, m.size) if m else (None, 0)
+        if isinstance(data, (bytes, bytearray)) and not data:
+            addr, size = None, 0  # an empty object: the node refuses it with its reason
+        else:
+            m = memory_of(data)
+            addr, size = m.addr, m.size
         return _json_out(lib.ferry_client_put, self._h, _enc(name), addr, size, _enc(device),
                          int(replace), _meta_text(meta))
 
