@@ -215,7 +215,7 @@ extern "C" {
 
 const char* ferry_last_error(void) { return ferry::last_error.c_str(); }
 void ferry_free(void* p) { std::free(p); }
-const char* ferry_version(void) { return "0.1.0"; }
+const char* ferry_version(void) { return FERRY_VERSION; }
 
 int ferry_client_open(const char* url, const char* token, ferry_client** out) {
   return Call([&]() -> absl::Status {

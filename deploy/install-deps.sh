@@ -10,6 +10,7 @@ packages=(
   libssl-dev
   iproute2 iperf3 curl
   python3 python3-numpy python3-pytest wget aria2
+  prometheus
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -787,6 +787,13 @@ void Engine::FillPart(Part& part, size_t group) const {
   }
 }
 
+std::vector<RailCounters> Engine::Counters() const {
+  std::vector<RailCounters> out;
+  out.reserve(rail_refs_.size());
+  for (const RailRef& r : rail_refs_) out.push_back(groups_[r.group]->counters(r.index_in_group));
+  return out;
+}
+
 size_t Engine::EngineRail(size_t group, size_t index) const {
   for (size_t r = 0; r < rail_refs_.size(); ++r) {
     if (rail_refs_[r].group == group && rail_refs_[r].index_in_group == index) return r;

@@ -166,6 +166,20 @@ struct TransferStats {
   void Add(const TransferStats& other);
 };
 
+// What one rail has done since the engine opened, for monitoring. Counted by the rail's
+// progress thread with relaxed atomic adds; read at any time (the fields are not one snapshot).
+struct RailCounters {
+  uint64_t writes = 0;           // WRITEs completed
+  uint64_t bytes = 0;            // their bytes
+  uint64_t write_errors = 0;     // WRITEs that failed, at post or at completion
+  uint64_t failovers = 0;        // WRITEs moved off this rail after it failed
+  uint64_t backoffs = 0;         // times the rail was rested for a peer
+  uint64_t in_flight_bytes = 0;  // bytes of WRITEs posted and not completed
+  uint64_t immediates = 0;       // immediates that landed here (a WRITE's closing signal)
+  uint64_t messages_sent = 0;    // control messages
+  uint64_t messages_received = 0;
+};
+
 // What to move: local source extents (region = RegionId) into remote destination extents
 // (region = index into dst_regions).
 struct TransferRequest {
@@ -273,6 +287,8 @@ class Engine {
   const std::vector<RailInfo>& rails() const { return rails_; }
   // Progress threads (rail groups) this engine runs.
   size_t progress_threads() const { return groups_.size(); }
+  // Per rail, in the order of rails().
+  std::vector<RailCounters> Counters() const;
   PeerAddress address() const;
   // This engine's bell (empty when it has none), as PeerAddress::bell.
   const std::string& bell_address() const { return bell_address_; }

@@ -60,6 +60,11 @@ absl::StatusOr<std::string> ProviderFilter(std::string_view provider) {
       absl::StrCat("unknown provider '", std::string(provider), "': want auto, efa, verbs, tcp or shm"));
 }
 
+std::string LibfabricVersion() {
+  const uint32_t v = fi_version();
+  return absl::StrCat(FI_MAJOR(v), ".", FI_MINOR(v));
+}
+
 void SetProviderDefaults() {
   // rxm (the RDM layer over tcp) sizes its receive pools for messaging: 1024 buffers per
   // endpoint and as many per connection, about 70 MB per rail, touched when a rail opens and

@@ -28,6 +28,10 @@ inline constexpr uint32_t kFiVersion = FI_VERSION(1, 17);
 // effect only before the process's first fi_getinfo. Idempotent.
 void SetProviderDefaults();
 
+// The version of the libfabric this process runs with ("1.17"), which may be newer than the
+// one it was built against.
+std::string LibfabricVersion();
+
 // fi_getinfo at kFiVersion, after SetProviderDefaults. Every fi_getinfo of ferry goes through it.
 int GetInfo(const fi_info* hints, fi_info** out);
 

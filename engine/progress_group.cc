@@ -452,6 +452,27 @@ void ProgressGroup::PostRecv(RailState& rs, RecvOp& op) {
   if (rc != 0 && rc != -FI_EAGAIN) spdlog::error("{}", FiError(rc, "fi_recv").ToString());
 }
 
+namespace {
+void Count(std::atomic<uint64_t>& counter, uint64_t n = 1) {
+  counter.fetch_add(n, std::memory_order_relaxed);
+}
+}  // namespace
+
+RailCounters ProgressGroup::counters(size_t i) const {
+  const RailState::Counts& c = rails_[i]->counts;
+  auto get = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  const uint64_t done = get(c.done_bytes);  // before posted: in flight never goes negative
+  return {.writes = get(c.writes),
+          .bytes = get(c.bytes),
+          .write_errors = get(c.write_errors),
+          .failovers = get(c.failovers),
+          .backoffs = get(c.backoffs),
+          .in_flight_bytes = get(c.posted_bytes) - done,
+          .immediates = get(c.immediates),
+          .messages_sent = get(c.messages_sent),
+          .messages_received = get(c.messages_received)};
+}
+
 size_t ProgressGroup::PollCq(RailState& rs) {
   fi_cq_data_entry entries[kCqBatch];
   ssize_t n = fi_cq_read(rs.rail->cq(), entries, kCqBatch);
@@ -488,6 +509,7 @@ size_t ProgressGroup::PollCq(RailState& rs) {
     const fi_cq_data_entry& e = entries[i];
     auto* op = static_cast<OpBase*>(e.op_context);
     if (e.flags & FI_REMOTE_CQ_DATA) {
+      Count(rs.counts.immediates);
       engine_->OnImmediate(e.data);
       // With FI_RX_CQ_DATA the immediate consumed a posted receive: put it back.
       if (op != nullptr && op->kind == OpKind::kRecv) PostRecv(rs, *static_cast<RecvOp*>(op));
@@ -503,6 +525,7 @@ size_t ProgressGroup::PollCq(RailState& rs) {
         break;
       case OpKind::kRecv: {
         auto* recv = static_cast<RecvOp*>(op);
+        Count(rs.counts.messages_received);
         engine_->OnControl(std::string_view(recv->buffer, e.len));
         PostRecv(rs, *recv);
         break;
@@ -621,12 +644,14 @@ bool ProgressGroup::PostWrites(size_t index) {
       // WRITEs to the peer go elsewhere.
       --rs.in_flight;
       rs.in_flight_bytes -= op->length;
+      Count(rs.counts.write_errors);
       const PeerId peer = op->part->transfer->peer;
       RailDown(index, peer, AsRailFailure(FiError(rc, "fi_writemsg")));
       Route(op, peer, absl::Now());
       next = QueueFront(rs);  // the failure may have moved the queue
     } else {
       op->posted = true;
+      Count(rs.counts.posted_bytes, op->length);
       OpPosted(rs, op->dest);
       PeerHealth& h = rs.health[op->part->transfer->peer];
       if (h.in_flight++ == 0) h.last_progress = absl::Now();
@@ -707,6 +732,7 @@ void ProgressGroup::CheckSends(RailState& rs, absl::Time now) {
 void ProgressGroup::FinishSend(RailState& rs, SendOp* op, const absl::Status& status) {
   // An abandoned frame's sender knows already: only its slot comes back.
   if (op->done && !op->abandoned) op->done->Set(status);
+  if (status.ok()) Count(rs.counts.messages_sent);
   rs.free_sends.push_back(op->slot);
   if (op->posted) {
     op->posted = false;
@@ -813,6 +839,13 @@ void ProgressGroup::OnWriteDone(WriteOp* op, const absl::Status& status) {
   RailState& rs = *rails_[op->rail];
   --rs.in_flight;
   rs.in_flight_bytes -= op->length;
+  if (status.ok()) {
+    Count(rs.counts.writes);
+    Count(rs.counts.bytes, op->length);
+  } else {
+    Count(rs.counts.write_errors);
+  }
+  Count(rs.counts.done_bytes, op->length);
   Part* part = op->part;
   std::shared_ptr<TransferState> t = part->transfer;  // keeps t alive past ResolveOp
   OpCompleted(rs, op->dest);
@@ -981,11 +1014,13 @@ void ProgressGroup::Place(WriteOp* op, size_t rail) {
 
 void ProgressGroup::Unplace(WriteOp* op, bool failover) {
   TransferState& t = *op->part->transfer;
-  const size_t from = engine_->EngineRail(index_, op->rail);
+  const size_t local = op->rail;
+  const size_t from = engine_->EngineRail(index_, local);
   op->rail = kNoRail;
   absl::MutexLock lock(&t.mu);
   t.stats.bytes_per_rail[from] -= op->length;
   if (!failover) return;
+  Count(rails_[local]->counts.failovers);
   ++t.stats.rerouted_writes;
   t.stats.NoteFailedRail(from);
 }
@@ -1000,6 +1035,7 @@ void ProgressGroup::RailDown(size_t rail, PeerId peer, const absl::Status& why) 
   const absl::Time now = absl::Now();
   PeerHealth& h = rs.health[peer];
   if (now < h.resting_until) return;  // down already
+  Count(rs.counts.backoffs);
   h.backoff = h.backoff == absl::ZeroDuration()
                   ? options_.rail_backoff
                   : std::min(2 * h.backoff, options_.rail_backoff_max);

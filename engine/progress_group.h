@@ -211,6 +211,8 @@ class ProgressGroup {
   // The bell's endpoint name; empty when this group has none.
   std::string bell_address() const;
   const RailInfo& rail_info(size_t i) const { return rails_[i]->rail->rail_info(); }
+  // Rail i's counters. Thread-safe.
+  RailCounters counters(size_t i) const;
 
   // --- Progress thread only. ---
   Rail& rail(size_t i) { return *rails_[i]->rail; }
@@ -295,6 +297,11 @@ class ProgressGroup {
     };
     std::deque<Backlogged> backlog;
     bool sends_young = false;  // a send queued less than rail_stall_timeout ago (CheckSends)
+    // RailCounters, as this thread counts them (posted_bytes - done_bytes: in flight).
+    struct Counts {
+      std::atomic<uint64_t> writes{0}, bytes{0}, write_errors{0}, failovers{0}, backoffs{0},
+          posted_bytes{0}, done_bytes{0}, immediates{0}, messages_sent{0}, messages_received{0};
+    } counts;
   };
 
   ProgressGroup(Engine* engine, size_t index, const EngineOptions& options);

@@ -89,6 +89,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "fabric", "http"}));
   app.add_flag("--insecure", insecure, "allow a non-loopback --listen without a token");
+  app.add_flag("--metrics-public", http.metrics_public,
+               "GET /metrics answers without the token (for a scraper that has none)");
   app.add_option("--max-body-mb", max_body_mb, "largest request body, MiB")->capture_default_str();
   app.add_option("--max-extents", options.max_extents, "most extents per request")
       ->capture_default_str();

@@ -219,9 +219,30 @@ absl::Status ApplyWriteCondition(const Node& node, const std::string& name,
 
 // Node-to-node messages (/v1/peer) carry no token: they are sealed under the cluster key
 // the nodes derive from it (wire/auth.h) and checked by the node.
-bool Authorized(const std::string& token, const httplib::Request& req) {
-  return token.empty() || req.path == "/v1/health" || req.path == "/v1/peer" ||
-         req.get_header_value("Authorization") == "Bearer " + token;
+bool Authorized(const HttpOptions& options, const httplib::Request& req) {
+  return options.token.empty() || req.path == "/v1/health" || req.path == "/v1/peer" ||
+         (options.metrics_public && req.path == "/metrics") ||
+         req.get_header_value("Authorization") == "Bearer " + options.token;
+}
+
+// The route a request took, as a metric label: the path with its names and ids left out.
+std::string RouteOf(const std::string& path) {
+  static constexpr std::string_view kFixed[] = {
+      "/v1/health", "/v1/node",  "/v1/regions", "/v1/objects", "/v1/pulls",
+      "/v1/destinations", "/v1/peer", "/v1/drain", "/metrics"};
+  for (std::string_view r : kFixed) {
+    if (path == r) return std::string(r);
+  }
+  for (const char* prefix : {"/v1/regions/", "/v1/destinations/"}) {
+    if (absl::StartsWith(path, prefix)) return absl::StrCat(prefix, "{id}");
+  }
+  if (absl::StartsWith(path, "/v1/objects/")) {
+    for (const char* action : {"/data", "/pull"}) {
+      if (absl::EndsWith(path, action)) return absl::StrCat("/v1/objects/{name}", action);
+    }
+    return "/v1/objects/{name}";
+  }
+  return "other";
 }
 
 absl::Status Unauthenticated() {
@@ -252,10 +273,9 @@ void DropBody(const httplib::Request& req, const httplib::ContentReader& read) {
 // refusing it before routing would leave the body to be read as the next request).
 httplib::Server::HandlerWithContentReader Guarded(const HttpOptions& options,
                                                    httplib::Server::HandlerWithContentReader h) {
-  return [token = options.token, h = std::move(h)](const httplib::Request& req,
-                                                   httplib::Response& res,
-                                                   const httplib::ContentReader& read) {
-    if (!Authorized(token, req)) {
+  return [options, h = std::move(h)](const httplib::Request& req, httplib::Response& res,
+                                     const httplib::ContentReader& read) {
+    if (!Authorized(options, req)) {
       DropBody(req, read);
       return WriteError(res, Unauthenticated());
     }
@@ -479,7 +499,7 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
   // Requests of the methods with bodies are checked by their routes (Guarded).
   server.set_pre_routing_handler([options](const httplib::Request& req, httplib::Response& res) {
     const std::string& m = req.method;
-    if (Authorized(options.token, req) || m == "POST" || m == "PUT" || m == "DELETE") {
+    if (Authorized(options, req) || m == "POST" || m == "PUT" || m == "DELETE") {
       return httplib::Server::HandlerResponse::Unhandled;
     }
     WriteError(res, Unauthenticated());
@@ -501,6 +521,12 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
         WriteError(res, absl::InternalError("unexpected exception"));
       });
 
+  server.set_logger([&node](const httplib::Request& req, const httplib::Response& res) {
+    node.metrics().http_requests.Add({RouteOf(req.path), absl::StrCat(res.status)});
+  });
+  server.Get("/metrics", [&node](const httplib::Request&, httplib::Response& res) {
+    res.set_content(node.Metrics(), "text/plain; version=0.0.4; charset=utf-8");
+  });
   server.Get("/v1/health", [](const httplib::Request&, httplib::Response& res) {
     WriteJson(res, {{"status", "ok"}});
   });

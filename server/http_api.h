@@ -15,6 +15,8 @@ namespace ferry::server {
 struct HttpOptions {
   // Bearer token every route but /v1/health requires. Default: empty (no auth).
   std::string token;
+  // GET /metrics answers without the token. Default: false.
+  bool metrics_public = false;
   // Largest request body. Default: 1 GiB.
   size_t max_body = size_t{1} << 30;
 };

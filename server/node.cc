@@ -140,7 +140,7 @@ void Node::SetTransportsForTesting(std::unique_ptr<PeerTransport> fabric,
 NodeInfo Node::Info() const {
   NodeInfo info;
   info.id = id();
-  info.version = "0.2.0";
+  info.version = FERRY_VERSION;
   info.host = HostId();
   info.rails = engine_->rails();
   info.progress_threads = engine_->progress_threads();

@@ -27,6 +27,7 @@
 #include "ferry/pull.h"
 #include "ferry/types.h"
 #include "metadata/catalog.h"
+#include "server/metrics.h"
 #include "server/paths.h"
 #include "server/peer.h"
 #include "server/work_queue.h"
@@ -257,6 +258,12 @@ class Node {
   using Reply = std::function<void(std::string)>;
   void HandleMessage(std::string_view sender, std::string sealed, Reply reply);
 
+  // --- Monitoring. ---
+  NodeMetrics& metrics() { return metrics_; }
+  // Every metric of this node in Prometheus' text format: its own (pulls, control round trips,
+  // HTTP requests as its server counts them), its rails', its catalog's and its regions'.
+  std::string Metrics() const;
+
   // For tests: replaces how this node reaches other nodes.
   void SetTransportsForTesting(std::unique_ptr<PeerTransport> fabric,
                                std::unique_ptr<PeerTransport> http);
@@ -373,6 +380,8 @@ class Node {
   // Everything a pull needs before its request goes: the session, the destination checked (a
   // new buffer allocated), the path, windows, the request.
   absl::StatusOr<std::shared_ptr<PullHandle::State>> PreparePull(const PullSpec& spec);
+  // The same, without counting a failure in the metrics (PreparePull does, as path "none").
+  absl::StatusOr<std::shared_ptr<PullHandle::State>> PreparePullUncounted(const PullSpec& spec);
   absl::Status BuildRequest(PullHandle::State& state);
   // Waits for the answer to the state's request (id set), and for the staged path starts the
   // thread that receives the chunks.
@@ -447,6 +456,7 @@ class Node {
   std::unique_ptr<PeerTransport> fabric_;
   std::unique_ptr<PeerTransport> http_;
   std::atomic<bool> stopping_{false};  // the destructor has begun
+  NodeMetrics metrics_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, Region> regions_ ABSL_GUARDED_BY(mu_);
   // Regions allocated for objects whose last version went.

@@ -89,6 +89,26 @@ absl::StatusOr<PullStats> StatsOf(const absl::StatusOr<wire::Envelope>& answer) 
   return stats;
 }
 
+// A request's type as a metric label. The answers of pulls come when their bytes have landed.
+std::string_view RequestName(wire::MessageType type) {
+  switch (type) {
+    case wire::MessageType::kStat:
+      return "stat";
+    case wire::MessageType::kPull:
+      return "pull";
+    case wire::MessageType::kPullBatch:
+      return "pull_batch";
+    case wire::MessageType::kCancel:
+      return "cancel";
+    case wire::MessageType::kHello:
+      return "hello";
+    case wire::MessageType::kQuery:
+      return "query";
+    default:
+      return "other";
+  }
+}
+
 }  // namespace
 
 // --- Sessions and calls. ---
@@ -156,11 +176,16 @@ void Node::Call(const std::shared_ptr<Session>& session, wire::MessageType type,
                 std::function<void(absl::StatusOr<wire::Envelope>)> done) {
   {
     absl::MutexLock lock(&calls_mu_);
-    calls_[id] = [done = std::move(done), node = session->info.id](
+    calls_[id] = [this, done = std::move(done), node = session->info.id, type,
+                  via = session->transport->name(), start = absl::Now()](
                      absl::StatusOr<wire::Envelope> a) {
       if (a.ok() && a->from.node != node) {
         a = absl::UnavailableError(absl::StrCat("an answer came from ", a->from.node,
                                                 " where node ", node, " was asked"));
+      }
+      if (a.ok()) {
+        metrics_.round_trips.Observe({std::string(RequestName(type)), std::string(via)},
+                                     absl::ToDoubleSeconds(absl::Now() - start));
       }
       done(std::move(a));
     };
@@ -381,6 +406,13 @@ absl::StatusOr<std::unique_ptr<PullHandle>> Node::PullAsync(const PullSpec& spec
 }
 
 absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePull(const PullSpec& spec) {
+  auto st = PreparePullUncounted(spec);
+  if (!st.ok()) metrics_.PullEnded("destination", "none", st.status(), 0, 0);
+  return st;
+}
+
+absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePullUncounted(
+    const PullSpec& spec) {
   auto st = std::make_shared<PullHandle::State>();
   st->node = this;
   st->spec = spec;
@@ -858,6 +890,8 @@ absl::StatusOr<PullStats> Node::FinishPull(PullHandle::State& st, bool cancelled
     stats = WithContext(stats.status(), absl::StrCat("source ", st.session->url));
   }
   Abandon(st);
+  metrics_.PullEnded("destination", PathName(st.path), stats.status(), stats.ok() ? stats->bytes : 0,
+                     absl::ToDoubleSeconds(absl::Now() - st.start));
   absl::MutexLock lock(&st.mu);
   st.finished = true;
   st.result = stats;

@@ -188,7 +188,7 @@ void Node::Serve(wire::Envelope request, Reply reply) {
   };
   switch (request.type) {
     case wire::MessageType::kHello: {
-      wire::NodeSummary me{this->id(), "0.2.0", HostId(), self_, auth_.enabled()};
+      wire::NodeSummary me{this->id(), FERRY_VERSION, HostId(), self_, auth_.enabled()};
       return answer(wire::MessageType::kHelloAnswer, wire::Encode(me));
     }
     case wire::MessageType::kStat: {
@@ -394,7 +394,13 @@ void Node::ServePull(const PeerAddress& from, uint64_t id, wire::PullRequest req
   // Counted until its answer goes: buffers of versions dropped meanwhile are freed by then
   // (on a serving thread: the answer may come from a progress thread, which must not wait).
   auto in_flight = std::make_shared<std::unique_ptr<PullInFlight>>(std::make_unique<PullInFlight>(this));
-  auto finish = [this, key, done = std::move(done), in_flight](absl::StatusOr<PullStats> r) {
+  const std::string_view path = req.path <= static_cast<uint8_t>(PullPath::kStaged)
+                                    ? PathName(static_cast<PullPath>(req.path))
+                                    : "unknown";
+  auto finish = [this, key, done = std::move(done), in_flight, path,
+                 start = absl::Now()](absl::StatusOr<PullStats> r) {
+    metrics_.PullEnded("source", path, r.status(), r.ok() ? r->bytes : 0,
+                       absl::ToDoubleSeconds(absl::Now() - start));
     {
       absl::MutexLock lock(&served_mu_);
       served_.erase(key);

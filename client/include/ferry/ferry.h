@@ -49,7 +49,7 @@ enum ferry_code {
 FERRY_API const char* ferry_last_error(void);
 /* Frees what the library allocated for the caller (NULL: nothing). */
 FERRY_API void ferry_free(void* p);
-/* "0.1.0". */
+/* The release, "MAJOR.MINOR.PATCH". */
 FERRY_API const char* ferry_version(void);
 
 /* A layout (ferry/layout.h): runs of pieces of registered regions, in order. */

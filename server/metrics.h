@@ -1,0 +1,81 @@
+// Prometheus metrics of a node: counter, gauge and histogram families with labels, written in
+// Prometheus' text exposition format (version 0.0.4). Names and units follow Prometheus'
+// conventions: ferry_..._total for counters, base units (_bytes, _seconds).
+#ifndef FERRY_SERVER_METRICS_H_
+#define FERRY_SERVER_METRICS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+
+namespace ferry::server {
+
+// Writes families one after the other: each family's # HELP and # TYPE lines, then its
+// samples. Label values are escaped as the format wants.
+class MetricsText {
+ public:
+  using Labels = std::vector<std::pair<std::string_view, std::string>>;
+  // `type`: "counter", "gauge" or "histogram".
+  void Family(std::string_view name, std::string_view type, std::string_view help);
+  void Sample(std::string_view name, const Labels& labels, double value);
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+};
+
+// A family whose samples the node adds to as things happen (per pull, per request; never per
+// WRITE). Thread-safe.
+class MetricFamily {
+ public:
+  // A counter, or with `bounds` (upper bounds, ascending) a histogram.
+  MetricFamily(std::string name, std::string help, std::vector<std::string> label_names,
+               std::vector<double> bounds = {});
+  // `values`: one per label name, in order.
+  void Add(const std::vector<std::string>& values, double amount = 1);
+  void Observe(const std::vector<std::string>& values, double value);
+  void Write(MetricsText& out) const;
+
+ private:
+  struct Series {
+    double value = 0;               // a counter's value; a histogram's sum
+    uint64_t count = 0;             // a histogram's observations
+    std::vector<uint64_t> buckets;  // a histogram's, per bound (not cumulative)
+  };
+  const std::string name_;
+  const std::string help_;
+  const std::vector<std::string> label_names_;
+  const std::vector<double> bounds_;
+  mutable absl::Mutex mu_;
+  std::map<std::vector<std::string>, Series> series_ ABSL_GUARDED_BY(mu_);
+};
+
+// What a node counts of its own activity (the engine counts its rails; the catalog and the
+// regions are read when scraped).
+struct NodeMetrics {
+  NodeMetrics();
+  // A pull ended on this node as "destination" or "source".
+  void PullEnded(std::string_view role, std::string_view path, const absl::Status& outcome,
+                 uint64_t bytes, double seconds);
+
+  MetricFamily pulls;          // {role, path, outcome}
+  MetricFamily pull_bytes;     // {role, path}: bytes of the pulls that succeeded
+  MetricFamily pull_seconds;   // histogram {role}
+  MetricFamily pull_size;      // histogram {role}: bytes of each pull that succeeded
+  MetricFamily round_trips;    // histogram {type, via}: a control message and its answer
+  MetricFamily http_requests;  // {route, code}
+  void Write(MetricsText& out) const;
+};
+
+// The lower-case name of a status code ("ok", "unavailable", "deadline_exceeded").
+std::string OutcomeName(absl::StatusCode code);
+
+}  // namespace ferry::server
+
+#endif  // FERRY_SERVER_METRICS_H_
