@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("ferryd"));
   CLI::App app{"ferryd: a ferry node (engine, RocksDB catalog, HTTP API)"};
   std::string listen = "127.0.0.1:7070", token_file;
+  int64_t drain_grace_s = 30;
   bool insecure = false;
   ferry::server::NodeOptions options;
   ferry::server::HttpOptions http;
@@ -89,6 +90,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "fabric", "http"}));
   app.add_flag("--insecure", insecure, "allow a non-loopback --listen without a token");
+  app.add_option("--drain-grace-s", drain_grace_s,
+                 "on SIGTERM or POST /v1/drain, how long running pulls may take to finish")
+      ->capture_default_str();
   app.add_flag("--metrics-public", http.metrics_public,
                "GET /metrics answers without the token (for a scraper that has none)");
   app.add_option("--max-body-mb", max_body_mb, "largest request body, MiB")->capture_default_str();
@@ -163,6 +167,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   httplib::Server server;
+  http.on_drain = [] { kill(getpid(), SIGTERM); };
   ferry::server::InstallRoutes(server, **node, http);
   const int bound = port == 0 ? server.bind_to_any_port(host.c_str())
                               : (server.bind_to_port(host.c_str(), port) ? port : -1);
@@ -178,10 +183,26 @@ int main(int argc, char** argv) {
   spdlog::info("node {} listening on {}:{} with {} rail(s) of {} on {} progress thread(s)",
                (*node)->id(), host, bound, (*node)->engine().rails().size(),
                (*node)->engine().rails()[0].provider, (*node)->engine().progress_threads());
-  std::thread waiter([&server, signals] {
+  // SIGTERM, SIGINT or POST /v1/drain: the node drains (new pulls and uploads get 503), the
+  // pulls running finish, then it stops; a second signal or the grace period's end cancels
+  // what is left first.
+  std::thread waiter([&server, &node, signals, drain_grace_s] {
     int sig = 0;
     sigwait(&signals, &sig);
-    spdlog::info("signal {}: stopping", sig);
+    ferry::server::Node& n = **node;
+    n.Drain();
+    spdlog::info("signal {}: draining, {} s for the pulls running", sig, drain_grace_s);
+    const absl::Time end = absl::Now() + absl::Seconds(drain_grace_s);
+    const timespec tick = {0, 50'000'000};
+    while (!n.AwaitPulls(absl::Now())) {
+      const bool again = sigtimedwait(&signals, nullptr, &tick) > 0;
+      if (again || absl::Now() >= end) {
+        spdlog::warn("{}: cancelling the pulls still running", again ? "second signal" : "grace over");
+        n.CancelPulls();
+        break;
+      }
+    }
+    spdlog::info("drained: stopping");
     ferry::server::StopOnceRunning(server);
   });
   server.listen_after_bind();

@@ -478,6 +478,8 @@ void PullsRoute(Node& node, const httplib::Request& req, httplib::Response& res)
 
 // Requests one kept connection may carry before the node closes it.
 constexpr size_t kKeepAliveRequests = 100000;
+// Retry-After of a draining node's 503s, seconds.
+constexpr int kDrainRetryAfterSeconds = 5;
 
 }  // namespace
 
@@ -507,7 +509,11 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
   });
   // Answers httplib produces itself (413 for a body over the limit, 404 for no route) get
   // the error shape too.
-  server.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+  server.set_error_handler([&node](const httplib::Request&, httplib::Response& res) {
+    // A draining node's refusals say when to try again (elsewhere, or a replacement here).
+    if (res.status == 503 && node.draining()) {
+      res.set_header("Retry-After", absl::StrCat(kDrainRetryAfterSeconds));
+    }
     if (!res.body.empty()) return;
     const absl::Status s =
         res.status == 413 ? TooLarge("request body over the limit")
@@ -527,9 +533,19 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
   server.Get("/metrics", [&node](const httplib::Request&, httplib::Response& res) {
     res.set_content(node.Metrics(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  server.Get("/v1/health", [](const httplib::Request&, httplib::Response& res) {
+  server.Get("/v1/health", [&node](const httplib::Request&, httplib::Response& res) {
+    if (node.draining()) return WriteJson(res, {{"status", "draining"}}, 503);
     WriteJson(res, {{"status", "ok"}});
   });
+  server.Post("/v1/drain", Guarded(options, [&node, on_drain = options.on_drain](
+                                                const httplib::Request& req,
+                                                httplib::Response& res,
+                                                const httplib::ContentReader& read) {
+    DropBody(req, read);
+    node.Drain();
+    if (on_drain) on_drain();
+    WriteJson(res, {{"status", "draining"}}, 202);
+  }));
   server.Get("/v1/node", [&node](const httplib::Request&, httplib::Response& res) {
     WriteJson(res, ToJson(node.Info()));
   });

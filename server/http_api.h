@@ -2,6 +2,7 @@
 #ifndef FERRY_SERVER_HTTP_API_H_
 #define FERRY_SERVER_HTTP_API_H_
 
+#include <functional>
 #include <string>
 
 #include "server/node.h"
@@ -17,6 +18,9 @@ struct HttpOptions {
   std::string token;
   // GET /metrics answers without the token. Default: false.
   bool metrics_public = false;
+  // Called by POST /v1/drain once the node drains (ferryd: to stop once the pulls are done).
+  // Default: none.
+  std::function<void()> on_drain;
   // Largest request body. Default: 1 GiB.
   size_t max_body = size_t{1} << 30;
 };

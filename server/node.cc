@@ -131,6 +131,19 @@ Node::~Node() {
   regions_.clear();
 }
 
+absl::Status Node::Accepting() const {
+  if (!draining_) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("node ", id(), " is draining"));
+}
+
+void Node::Drain() { draining_ = true; }
+
+bool Node::AwaitPulls(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pulls_in_flight_ == 0; };
+  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
 void Node::SetTransportsForTesting(std::unique_ptr<PeerTransport> fabric,
                                    std::unique_ptr<PeerTransport> http) {
   fabric_ = std::move(fabric);
@@ -384,6 +397,7 @@ void Node::FreeUnusedLocked(absl::Duration grace) {
 absl::StatusOr<std::unique_ptr<Node::Upload>> Node::BeginUpload(const std::string& name,
                                                                 uint64_t size, Device device,
                                                                 const PublishOptions& options) {
+  RETURN_IF_ERROR(Accepting());
   RETURN_IF_ERROR(metadata::ValidateObjectName(name));
   if (size == 0) return absl::InvalidArgumentError("an object needs at least one byte");
   RETURN_IF_ERROR(ValidateMeta(options.meta));

@@ -166,8 +166,10 @@ class Node {
   // kInvalidArgument: bad name, an empty layout, an empty or out-of-bounds piece.
   // kNotFound: an unknown region. kAlreadyExists: the name is taken and not `replace`.
   // kResourceExhausted (413): too many pieces.
+  // kUnavailable: the node is draining.
   absl::StatusOr<ObjectInfo> Publish(const std::string& name, const Layout& layout,
                                      const PublishOptions& options = {}) {
+    if (absl::Status s = Accepting(); !s.ok()) return s;
     return Publish(name, layout, options, std::nullopt);
   }
   // kNotFound: no such name or version.
@@ -258,6 +260,17 @@ class Node {
   using Reply = std::function<void(std::string)>;
   void HandleMessage(std::string_view sender, std::string sealed, Reply reply);
 
+  // --- Drain. ---
+  // From now on new pulls (either side), uploads and publishes are refused with kUnavailable;
+  // those running go on. For good: a node drains to stop.
+  void Drain();
+  bool draining() const { return draining_.load(); }
+  // Waits until no pull runs on this node (true) or `deadline` passes (false).
+  bool AwaitPulls(absl::Time deadline);
+  // Cancels every pull running here, as a destination (PullHandle::Cancel) and as a source (as
+  // its destination's cancel would), and returns once each has ended.
+  void CancelPulls();
+
   // --- Monitoring. ---
   NodeMetrics& metrics() { return metrics_; }
   // Every metric of this node in Prometheus' text format: its own (pulls, control round trips,
@@ -274,6 +287,8 @@ class Node {
   absl::StatusOr<ObjectInfo> Publish(const std::string& name, const Layout& layout,
                                      const PublishOptions& options,
                                      std::optional<uint32_t> crc32c);
+  // kUnavailable while draining.
+  absl::Status Accepting() const;
   struct PullTarget;
   struct Session;
   struct ServedPull;
@@ -456,6 +471,7 @@ class Node {
   std::unique_ptr<PeerTransport> fabric_;
   std::unique_ptr<PeerTransport> http_;
   std::atomic<bool> stopping_{false};  // the destructor has begun
+  std::atomic<bool> draining_{false};
   NodeMetrics metrics_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, Region> regions_ ABSL_GUARDED_BY(mu_);
@@ -481,6 +497,9 @@ class Node {
   // Destination side: sessions by URL; requests waiting for their answers, by id.
   absl::Mutex sessions_mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(sessions_mu_);
+  // Pulls running here as the destination, by their state's address (to cancel them).
+  absl::Mutex running_mu_;
+  std::map<const void*, std::weak_ptr<PullHandle::State>> running_ ABSL_GUARDED_BY(running_mu_);
   absl::Mutex calls_mu_;
   absl::flat_hash_map<uint64_t, std::function<void(absl::StatusOr<wire::Envelope>)>> calls_
       ABSL_GUARDED_BY(calls_mu_);

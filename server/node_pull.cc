@@ -5,6 +5,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "server/node.h"
@@ -406,10 +407,39 @@ absl::StatusOr<std::unique_ptr<PullHandle>> Node::PullAsync(const PullSpec& spec
 }
 
 absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePull(const PullSpec& spec) {
-  auto st = PreparePullUncounted(spec);
-  if (!st.ok()) metrics_.PullEnded("destination", "none", st.status(), 0, 0);
+  const absl::Status accepting = Accepting();
+  absl::StatusOr<std::shared_ptr<PullHandle::State>> st =
+      accepting.ok() ? PreparePullUncounted(spec) : accepting;
+  if (!st.ok()) {
+    metrics_.PullEnded("destination", "none", st.status(), 0, 0);
+    return st;
+  }
+  absl::MutexLock lock(&running_mu_);
+  running_[st->get()] = *st;
   return st;
 }
+
+void Node::CancelPulls() {
+  std::vector<std::shared_ptr<PullHandle::State>> mine;
+  {
+    absl::MutexLock lock(&running_mu_);
+    for (const auto& [key, state] : running_) {
+      if (auto st = state.lock()) mine.push_back(std::move(st));
+    }
+  }
+  std::vector<std::string> served;
+  {
+    absl::MutexLock lock(&served_mu_);
+    for (const auto& [key, pull] : served_) served.push_back(key);
+  }
+  for (const std::string& key : served) {
+    const size_t slash = key.rfind('/');
+    uint64_t id = 0;
+    if (absl::SimpleAtoi(key.substr(slash + 1), &id)) OnCancel(key.substr(0, slash), id);
+  }
+  for (auto& st : mine) IgnoreError(PullHandle(st->id, st).Cancel().status());
+}
+
 
 absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePullUncounted(
     const PullSpec& spec) {
@@ -890,6 +920,10 @@ absl::StatusOr<PullStats> Node::FinishPull(PullHandle::State& st, bool cancelled
     stats = WithContext(stats.status(), absl::StrCat("source ", st.session->url));
   }
   Abandon(st);
+  {
+    absl::MutexLock lock(&running_mu_);
+    running_.erase(&st);
+  }
   metrics_.PullEnded("destination", PathName(st.path), stats.status(), stats.ok() ? stats->bytes : 0,
                      absl::ToDoubleSeconds(absl::Now() - st.start));
   absl::MutexLock lock(&st.mu);

@@ -380,6 +380,7 @@ void Node::OnCancel(const std::string& sender, uint64_t id) {
 
 void Node::ServePull(const PeerAddress& from, uint64_t id, wire::PullRequest req,
                      std::function<void(absl::StatusOr<PullStats>)> done) {
+  if (absl::Status s = Accepting(); !s.ok()) return done(s);
   const std::string key = absl::StrCat(from.node, "/", id);
   auto served = std::make_shared<ServedPull>();
   bool added = false;

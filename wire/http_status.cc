@@ -57,6 +57,8 @@ int HttpStatusFor(const absl::Status& s) {
     case absl::StatusCode::kAborted: return 409;
     case absl::StatusCode::kResourceExhausted: return 429;
     case absl::StatusCode::kUnimplemented: return 501;
+    // Cancelled: the node stopped the work (it drains), not the caller's fault.
+    case absl::StatusCode::kCancelled:
     case absl::StatusCode::kUnavailable: return 503;
     case absl::StatusCode::kDeadlineExceeded: return 504;
     default: return 500;
