@@ -78,6 +78,9 @@ struct EngineOptions {
   // (docs/engine.md, docs/benchmarks.md). A provider without wait fds (shm) has no bell: its
   // idle engine polls every millisecond. Default: false.
   bool wait_fds = false;
+  // The rails count what they do (Counters()). false: they do not (RailCounters stay 0), to
+  // measure what counting costs. Default: true.
+  bool counters = true;
   // WRITEs in flight per rail; capped by the provider's tx size. Default: 0 (the tx size).
   size_t tx_depth = 0;
   // Bytes in flight per rail (a WRITE is always allowed when none is): enough to cover the

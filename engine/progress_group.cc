@@ -452,11 +452,9 @@ void ProgressGroup::PostRecv(RailState& rs, RecvOp& op) {
   if (rc != 0 && rc != -FI_EAGAIN) spdlog::error("{}", FiError(rc, "fi_recv").ToString());
 }
 
-namespace {
-void Count(std::atomic<uint64_t>& counter, uint64_t n = 1) {
-  counter.fetch_add(n, std::memory_order_relaxed);
+void ProgressGroup::Count(std::atomic<uint64_t>& counter, uint64_t n) const {
+  if (options_.counters) counter.fetch_add(n, std::memory_order_relaxed);
 }
-}  // namespace
 
 RailCounters ProgressGroup::counters(size_t i) const {
   const RailState::Counts& c = rails_[i]->counts;

@@ -321,6 +321,8 @@ class ProgressGroup {
   // Rail `thief` ran dry: it takes queued WRITEs from the group's most loaded rail.
   bool Steal(size_t thief);
   bool PostSends(RailState& rs);
+  // Adds `n` to one of a rail's counters (unless EngineOptions::counters is off).
+  void Count(std::atomic<uint64_t>& counter, uint64_t n = 1) const;
   // `first_contact`: a hello, which must leave kReservedSendSlots free (a hello to a peer that
   // never answers keeps its slot).
   void QueueSendOn(RailState& rs, fi_addr_t dest, std::string message,

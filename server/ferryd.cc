@@ -93,6 +93,9 @@ int main(int argc, char** argv) {
   app.add_option("--drain-grace-s", drain_grace_s,
                  "on SIGTERM or POST /v1/drain, how long running pulls may take to finish")
       ->capture_default_str();
+  app.add_option("--metrics", options.metrics,
+                 "count for GET /metrics (false: to measure what counting costs)")
+      ->capture_default_str();
   app.add_flag("--metrics-public", http.metrics_public,
                "GET /metrics answers without the token (for a scraper that has none)");
   app.add_option("--max-body-mb", max_body_mb, "largest request body, MiB")->capture_default_str();

@@ -76,11 +76,13 @@ MetricFamily::MetricFamily(std::string name, std::string help,
       bounds_(std::move(bounds)) {}
 
 void MetricFamily::Add(const std::vector<std::string>& values, double amount) {
+  if (!enabled_.load(std::memory_order_relaxed)) return;
   absl::MutexLock lock(&mu_);
   series_[values].value += amount;
 }
 
 void MetricFamily::Observe(const std::vector<std::string>& values, double value) {
+  if (!enabled_.load(std::memory_order_relaxed)) return;
   absl::MutexLock lock(&mu_);
   Series& s = series_[values];
   s.buckets.resize(bounds_.size());
@@ -146,6 +148,13 @@ void NodeMetrics::Write(MetricsText& out) const {
   for (const MetricFamily* f :
        {&pulls, &pull_bytes, &pull_seconds, &pull_size, &round_trips, &http_requests}) {
     f->Write(out);
+  }
+}
+
+void NodeMetrics::Disable() {
+  for (MetricFamily* f :
+       {&pulls, &pull_bytes, &pull_seconds, &pull_size, &round_trips, &http_requests}) {
+    f->Disable();
   }
 }
 

@@ -94,6 +94,8 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Open(const NodeOptions& options) {
                                                                .keep_versions = options.keep_versions}));
   engine::EngineOptions eo = options.engine;
   eo.node_id = node->catalog_->node_id();
+  eo.counters = options.metrics;
+  if (!options.metrics) node->metrics_.Disable();
   Node* raw = node.get();  // the engine goes before the node
   eo.on_control = [raw, user = options.engine.on_control](std::string_view sender,
                                                            std::string_view payload) {

@@ -68,6 +68,9 @@ struct NodeOptions {
   // The staged path's rings: slots per ring and bytes per slot. Default: 8 x 4 MiB.
   size_t staging_slots = 8;
   uint64_t staging_slot_bytes = uint64_t{4} << 20;
+  // Count what the node does for /metrics (its rails too: EngineOptions::counters). false:
+  // nothing is counted, to measure what counting costs. Default: true.
+  bool metrics = true;
 };
 
 struct RegionInfo {

@@ -56,6 +56,8 @@ struct EngineFlags {
   bool wait_fds = engine::EngineOptions().wait_fds;
   bool json = false;
   bool verify = false;
+  bool counters = true;        // the engine's rail counters (EngineOptions::counters)
+  bool counters_cost = false;  // also measure the engine with them against without
 };
 
 std::string DefaultDomain(const std::string& provider) {
@@ -161,6 +163,7 @@ class EngineSession {
     if (f.inflight != 0) o.max_inflight_bytes = f.inflight;
     if (f.max_iov != 0) o.max_iov = f.max_iov;
     o.wait_fds = f.wait_fds;
+    o.counters = f.counters;
     ASSIGN_OR_RETURN(s->engine_, engine::Engine::Create(o));
     ASSIGN_OR_RETURN(s->region_, s->engine_->RegisterMemory(src, f.total, Device::Host()));
     ASSIGN_OR_RETURN(PeerAddress address, testing::AddressFromJson(hello["address"]));
@@ -310,6 +313,22 @@ absl::StatusOr<Share> ScatteredAgainstContiguous(const EngineFlags& f, RawSessio
   return out;
 }
 
+// What the rails' counters cost (what /metrics shows): the same scattered transfer from an
+// engine that counts and from one that does not, passes interleaved; the quartiles of the
+// paired time ratios (counting / not counting).
+absl::StatusOr<Spread> CountersCost(const EngineFlags& f, testing::Subprocess& peer,
+                                    const nlohmann::json& hello, size_t rails, uint64_t piece,
+                                    char* src) {
+  const auto writes = Layout("scattered", piece, f.total);
+  EngineFlags off = f;
+  off.counters = false;
+  ASSIGN_OR_RETURN(auto counting, EngineSession::Start(f, hello, rails, {writes}, src));
+  ASSIGN_OR_RETURN(auto silent, EngineSession::Start(off, hello, rails, {writes}, src));
+  ASSIGN_OR_RETURN(auto times, Alternate(f.iters, {[&] { return counting->Run(peer); },
+                                                   [&] { return silent->Run(peer); }}));
+  return PairedRatios(times[0], times[1]);
+}
+
 int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
   EngineFlags f = flags_in;
   if (f.domain.empty()) f.domain = DefaultDomain(f.provider);
@@ -429,6 +448,32 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
         shares.emplace_back(rails, *share);
       }
     }
+    for (uint64_t piece : f.counters_cost ? f.pieces : std::vector<uint64_t>{}) {
+      auto cost = CountersCost(f, **peer, *hello, rails, piece, src);
+      if (!cost.ok()) {
+        std::cerr << "counters on/off " << piece << " x" << rails << ": " << cost.status() << "\n";
+        return 1;
+      }
+      if (f.json) {
+        std::cout << nlohmann::json{{"bench", "engine"},
+                                    {"provider", f.provider},
+                                    {"rails", rails},
+                                    {"bytes", piece},
+                                    {"compare", "counters on / off, scattered"},
+                                    {"iters", f.iters},
+                                    {"ratio", cost->median},
+                                    {"ratio_p25", cost->p25},
+                                    {"ratio_p75", cost->p75}}
+                         .dump()
+                  << std::endl;
+      } else {
+        std::printf("# rails %lu, %lu-byte scattered pieces: time with the rail counters / "
+                    "without = %.3f (median of %d paired passes; p25-p75 %.3f-%.3f)\n",
+                    static_cast<unsigned long>(rails), static_cast<unsigned long>(piece),
+                    cost->median, f.iters, cost->p25, cost->p75);
+        std::fflush(stdout);
+      }
+    }
     IgnoreError((*peer)->WriteLine(R"({"cmd":"exit"})"));
     (*peer)->Wait();
   }
@@ -480,6 +525,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   eng->add_flag("--json", ef.json, "one JSON object per row");
   eng->add_flag("--verify", ef.verify, "check every byte after each configuration");
+  eng->add_flag("--counters-cost", ef.counters_cost,
+                "also time each piece size scattered with the rail counters on against off");
   std::string raw_provider = "tcp", raw_domain = "lo";
   uint64_t raw_size = 0;
   CLI::App* raw = app.add_subcommand("raw-peer", "(internal) target of the raw baseline");
@@ -497,6 +544,8 @@ int main(int argc, char** argv) {
   node->add_option("--max-extents", nf.max_extents, "pieces of 64 KiB in the largest many-piece pull");
   node->add_option("--ferryd", nf.ferryd, "ferryd to start");
   node->add_flag("--json", nf.json, "one JSON object per row");
+  node->add_flag("--metrics-cost", nf.metrics_cost,
+                 "instead of the tables: pulls with /metrics counting on against off");
   ferry::bench::RailsFlags rf;
   rf.ferryd = FERRYD_PATH;
   CLI::App* rails = app.add_subcommand(

@@ -37,9 +37,11 @@ namespace {
 
 using json = nlohmann::json;
 
-bool Start(testing::FerrydProcess& d, const NodeFlags& f, const std::string& dir) {
+bool Start(testing::FerrydProcess& d, const NodeFlags& f, const std::string& dir,
+           bool metrics = true) {
   auto p = testing::StartFerryd(f.ferryd, {"--data-dir", dir, "--domain", "lo", "--rails",
-                                           std::to_string(f.rails)});
+                                           std::to_string(f.rails), "--metrics",
+                                           metrics ? "true" : "false"});
   if (!p.ok()) {
     std::cerr << p.status() << "\n";
     return false;
@@ -130,11 +132,100 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
+// What counting for /metrics costs a pull: ferryd pairs with and without (--metrics), their
+// 4 KiB pulls (POST /v1/pulls, a kept connection) in alternated rounds, and 64 MiB pulls
+// alternated; p50 and median times, and their ratio (counting / not counting).
+int MetricsCost(const NodeFlags& f, const std::filesystem::path& dir) {
+  struct Pair {
+    testing::FerrydProcess a, b;
+    std::unique_ptr<httplib::Client> ha, hb;
+    uint64_t b_region = 0;
+    std::vector<double> small, large;
+  };
+  Pair pairs[2];  // [0] counts, [1] does not
+  constexpr uint64_t kLarge = 64 << 20;
+  for (int i = 0; i < 2; ++i) {
+    Pair& p = pairs[i];
+    const std::string name = i == 0 ? "on" : "off";
+    if (!Start(p.a, f, (dir / (name + "a")).string(), i == 0) ||
+        !Start(p.b, f, (dir / (name + "b")).string(), i == 0)) {
+      return Fail(absl::UnavailableError("cannot start ferryd"));
+    }
+    p.ha = std::make_unique<httplib::Client>(p.a.url);
+    p.hb = std::make_unique<httplib::Client>(p.b.url);
+    p.hb->set_keep_alive(true);
+    p.hb->set_tcp_nodelay(true);
+    p.hb->set_read_timeout(300);
+    auto a_region = NewRegion(*p.ha, kLarge);
+    auto b_region = NewRegion(*p.hb, kLarge);
+    if (!a_region.ok() || !b_region.ok()) {
+      return Fail(a_region.ok() ? b_region.status() : a_region.status());
+    }
+    p.b_region = *b_region;
+    for (auto [object, size] : {std::pair<const char*, uint64_t>{"small", 4096}, {"large", kLarge}}) {
+      auto r = p.ha->Put(absl::StrCat("/v1/objects/", object).c_str(),
+                         json{{"extents", {{{"region", *a_region}, {"offset", 0}, {"length", size}}}}}
+                             .dump(),
+                         "application/json");
+      if (!r || r->status != 201) return Fail(absl::UnavailableError("publish failed"));
+    }
+  }
+  auto pull = [&](Pair& p, const char* object, uint64_t size) -> absl::StatusOr<double> {
+    const std::string body =
+        json{{"from", p.a.url},
+             {"object", object},
+             {"into", {{"extents", {{{"region", p.b_region}, {"offset", 0}, {"length", size}}}}}}}
+            .dump();
+    const absl::Time t = absl::Now();
+    auto r = p.hb->Post("/v1/pulls", body, "application/json");
+    if (!r || r->status != 200) return absl::UnavailableError("pull failed");
+    return absl::ToDoubleSeconds(absl::Now() - t);
+  };
+  constexpr int kRounds = 10;
+  const int per_round = std::max(1, f.latency_iters / kRounds);
+  for (int round = -1; round < kRounds; ++round) {  // round -1: warm-up, not kept
+    for (Pair& p : pairs) {
+      for (int i = 0; i < per_round; ++i) {
+        auto s = pull(p, "small", 4096);
+        if (!s.ok()) return Fail(s.status());
+        if (round >= 0) p.small.push_back(*s);
+      }
+    }
+  }
+  for (int i = -1; i < f.iters; ++i) {
+    for (Pair& p : pairs) {
+      auto s = pull(p, "large", kLarge);
+      if (!s.ok()) return Fail(s.status());
+      if (i >= 0) p.large.push_back(*s);
+    }
+  }
+  const double on4 = Percentile(pairs[0].small, 0.5) * 1e6, off4 = Percentile(pairs[1].small, 0.5) * 1e6;
+  const double on64 = Median(pairs[0].large), off64 = Median(pairs[1].large);
+  Row(f,
+      {{"bench", "node_metrics_cost"}, {"bytes", 4096}, {"iters", per_round * kRounds},
+       {"p50_us_on", on4}, {"p50_us_off", off4}, {"ratio", on4 / off4}},
+      absl::StrFormat("4 KiB pulls, %d each, alternated in %d rounds: p50 %.1f us counting, "
+                      "%.1f us not; ratio %.3f",
+                      per_round * kRounds, kRounds, on4, off4, on4 / off4));
+  Row(f,
+      {{"bench", "node_metrics_cost"}, {"bytes", kLarge}, {"iters", f.iters},
+       {"seconds_on", on64}, {"seconds_off", off64}, {"ratio", on64 / off64}},
+      absl::StrFormat("64 MiB pulls, %d each, alternated: median %.1f MB/s counting, %.1f MB/s "
+                      "not; time ratio %.3f",
+                      f.iters, kLarge / on64 / 1e6, kLarge / off64 / 1e6, on64 / off64));
+  return 0;
+}
+
 }  // namespace
 
 int RunNodeBench(const NodeFlags& f) {
   const auto dir = std::filesystem::temp_directory_path() / ("ferry-bench-node-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
+  if (f.metrics_cost) {
+    const int rc = MetricsCost(f, dir);
+    std::filesystem::remove_all(dir);
+    return rc;
+  }
   testing::FerrydProcess a, b;  // stopped (SIGTERM) when they go
   if (!Start(a, f, (dir / "a").string()) || !Start(b, f, (dir / "b").string())) {
     std::cerr << "cannot start ferryd (" << f.ferryd << ")\n";

@@ -28,6 +28,9 @@ struct NodeFlags {
   uint32_t max_extents = 16384;  // pieces of 64 KiB in the largest many-piece pull
   uint64_t objects = 1000000;
   bool json = false;
+  // Instead of the tables: pulls between two nodes that count for /metrics and two that do
+  // not (ferryd --metrics false), alternated.
+  bool metrics_cost = false;
 };
 
 int RunNodeBench(const NodeFlags& flags);
