@@ -10,7 +10,7 @@ packages=(
   libssl-dev
   iproute2 iperf3 curl
   python3 python3-numpy python3-pytest wget aria2
-  prometheus
+  prometheus chromium
 )
 missing=()
 for p in "${packages[@]}"; do

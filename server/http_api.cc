@@ -220,7 +220,9 @@ absl::Status ApplyWriteCondition(const Node& node, const std::string& name,
 // Node-to-node messages (/v1/peer) carry no token: they are sealed under the cluster key
 // the nodes derive from it (wire/auth.h) and checked by the node.
 bool Authorized(const HttpOptions& options, const httplib::Request& req) {
-  return options.token.empty() || req.path == "/v1/health" || req.path == "/v1/peer" ||
+  // The status page holds no data: it asks the API with the token its user types in.
+  return options.token.empty() || req.path == "/" || req.path == "/v1/health" ||
+         req.path == "/v1/peer" ||
          (options.metrics_public && req.path == "/metrics") ||
          req.get_header_value("Authorization") == "Bearer " + options.token;
 }
@@ -532,6 +534,26 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
   });
   server.Get("/metrics", [&node](const httplib::Request&, httplib::Response& res) {
     res.set_content(node.Metrics(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  server.Get("/v1/pulls", [&node](const httplib::Request&, httplib::Response& res) {
+    auto list = [](const std::vector<PullLog::Entry>& entries) {
+      nlohmann::json out = nlohmann::json::array();
+      for (const PullLog::Entry& e : entries) {
+        nlohmann::json j = {{"id", e.id},         {"role", e.role},
+                            {"object", e.object}, {"peer", e.peer},
+                            {"path", e.path},     {"bytes", e.bytes},
+                            {"started_ms", e.started_ms}, {"seconds", e.seconds}};
+        if (!e.outcome.empty()) j["outcome"] = e.outcome;
+        if (!e.error.empty()) j["error"] = e.error;
+        out.push_back(std::move(j));
+      }
+      return out;
+    };
+    WriteJson(res, {{"running", list(node.metrics().log.Running())},
+                    {"recent", list(node.metrics().log.Recent())}});
+  });
+  server.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(StatusPage(), "text/html; charset=utf-8");
   });
   server.Get("/v1/health", [&node](const httplib::Request&, httplib::Response& res) {
     if (node.draining()) return WriteJson(res, {{"status", "draining"}}, 503);

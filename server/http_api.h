@@ -28,6 +28,9 @@ struct HttpOptions {
 // Installs every route on `server`; `node` must outlive it.
 void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& options);
 
+// The status page GET / serves: one HTML page that reads the JSON API.
+const char* StatusPage();
+
 // Stops `server`, whose listen_after_bind() has been or is being called on another thread.
 // httplib's stop() does nothing before that loop runs, so this first waits (bounded: the
 // thread only enters its loop) until it does.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace ferry::server {
 namespace {
@@ -134,8 +135,9 @@ NodeMetrics::NodeMetrics()
       http_requests("ferry_http_requests_total", "HTTP requests answered, by route and code.",
                     {"route", "code"}) {}
 
-void NodeMetrics::PullEnded(std::string_view role, std::string_view path,
+void NodeMetrics::PullEnded(uint64_t log_id, std::string_view role, std::string_view path,
                             const absl::Status& outcome, uint64_t bytes, double seconds) {
+  log.End(log_id, path, outcome, bytes);
   const std::string r(role), p(path);
   pulls.Add({r, p, OutcomeName(outcome.code())});
   if (!outcome.ok()) return;
@@ -156,6 +158,52 @@ void NodeMetrics::Disable() {
        {&pulls, &pull_bytes, &pull_seconds, &pull_size, &round_trips, &http_requests}) {
     f->Disable();
   }
+}
+
+uint64_t PullLog::Begin(std::string role, std::string object, std::string peer, std::string path,
+                        uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t id = next_++;
+  running_[id] = {.id = id,
+                  .role = std::move(role),
+                  .object = std::move(object),
+                  .peer = std::move(peer),
+                  .path = std::move(path),
+                  .bytes = bytes,
+                  .started_ms = absl::ToUnixMillis(absl::Now())};
+  return id;
+}
+
+void PullLog::End(uint64_t id, std::string_view path, const absl::Status& outcome,
+                  uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  auto it = running_.find(id);
+  if (it == running_.end()) return;
+  Entry e = std::move(it->second);
+  running_.erase(it);
+  e.path = std::string(path);
+  if (outcome.ok()) e.bytes = bytes;
+  e.seconds = static_cast<double>(absl::ToUnixMillis(absl::Now()) - e.started_ms) / 1e3;
+  e.outcome = OutcomeName(outcome.code());
+  e.error = std::string(outcome.message());
+  recent_.push_front(std::move(e));
+  if (recent_.size() > kRecent) recent_.pop_back();
+}
+
+std::vector<PullLog::Entry> PullLog::Running() const {
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  absl::MutexLock lock(&mu_);
+  std::vector<Entry> out;
+  for (const auto& [id, e] : running_) {
+    out.push_back(e);
+    out.back().seconds = static_cast<double>(now - e.started_ms) / 1e3;
+  }
+  return out;
+}
+
+std::vector<PullLog::Entry> PullLog::Recent() const {
+  absl::MutexLock lock(&mu_);
+  return {recent_.begin(), recent_.end()};
 }
 
 std::string OutcomeName(absl::StatusCode code) {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <string_view>
@@ -60,13 +61,46 @@ class MetricFamily {
   std::map<std::vector<std::string>, Series> series_ ABSL_GUARDED_BY(mu_);
 };
 
+
+// The pulls running on a node and the last ones that ended (what the status page shows).
+// Thread-safe.
+class PullLog {
+ public:
+  struct Entry {
+    uint64_t id = 0;
+    std::string role;    // "destination" or "source"
+    std::string object;
+    std::string peer;    // the source's URL, or the destination's node id
+    std::string path;
+    uint64_t bytes = 0;  // running: the bytes asked for (0 when not known yet)
+    int64_t started_ms = 0;  // Unix milliseconds
+    double seconds = 0;      // running: so far
+    std::string outcome;     // empty while running; then as OutcomeName
+    std::string error;       // a failure's message
+  };
+  static constexpr size_t kRecent = 50;
+
+  uint64_t Begin(std::string role, std::string object, std::string peer, std::string path,
+                 uint64_t bytes);
+  // Moves pull `id` to the recent ones (the oldest of which goes past kRecent).
+  void End(uint64_t id, std::string_view path, const absl::Status& outcome, uint64_t bytes);
+  std::vector<Entry> Running() const;
+  std::vector<Entry> Recent() const;  // newest first
+
+ private:
+  mutable absl::Mutex mu_;
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Entry> running_ ABSL_GUARDED_BY(mu_);
+  std::deque<Entry> recent_ ABSL_GUARDED_BY(mu_);
+};
+
 // What a node counts of its own activity (the engine counts its rails; the catalog and the
 // regions are read when scraped).
 struct NodeMetrics {
   NodeMetrics();
-  // A pull ended on this node as "destination" or "source".
-  void PullEnded(std::string_view role, std::string_view path, const absl::Status& outcome,
-                 uint64_t bytes, double seconds);
+  // Pull `log_id` of `log` ended on this node as "destination" or "source".
+  void PullEnded(uint64_t log_id, std::string_view role, std::string_view path,
+                 const absl::Status& outcome, uint64_t bytes, double seconds);
 
   MetricFamily pulls;          // {role, path, outcome}
   MetricFamily pull_bytes;     // {role, path}: bytes of the pulls that succeeded
@@ -74,6 +108,7 @@ struct NodeMetrics {
   MetricFamily pull_size;      // histogram {role}: bytes of each pull that succeeded
   MetricFamily round_trips;    // histogram {type, via}: a control message and its answer
   MetricFamily http_requests;  // {route, code}
+  PullLog log;                 // kept when the counting is disabled
   void Write(MetricsText& out) const;
   void Disable();
 };

@@ -28,6 +28,7 @@ struct PullHandle::State {
   bool forced = false;      // the path was asked for by name
   std::string fallback;     // why the pull left the path it tried first
   std::unique_ptr<Node::PullInFlight> in_flight;
+  uint64_t log_id = 0;  // in the node's PullLog
   // Where the bytes go, over this node's regions; the new buffer of a pull into one.
   std::vector<Extent> local;
   uint64_t size = 0;
@@ -411,9 +412,12 @@ absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePull(const PullS
   absl::StatusOr<std::shared_ptr<PullHandle::State>> st =
       accepting.ok() ? PreparePullUncounted(spec) : accepting;
   if (!st.ok()) {
-    metrics_.PullEnded("destination", "none", st.status(), 0, 0);
+    metrics_.PullEnded(metrics_.log.Begin("destination", spec.object, spec.from, "none", 0),
+                       "destination", "none", st.status(), 0, 0);
     return st;
   }
+  (*st)->log_id = metrics_.log.Begin("destination", spec.object, spec.from,
+                                     std::string(PathName((*st)->path)), (*st)->size);
   absl::MutexLock lock(&running_mu_);
   running_[st->get()] = *st;
   return st;
@@ -924,7 +928,7 @@ absl::StatusOr<PullStats> Node::FinishPull(PullHandle::State& st, bool cancelled
     absl::MutexLock lock(&running_mu_);
     running_.erase(&st);
   }
-  metrics_.PullEnded("destination", PathName(st.path), stats.status(), stats.ok() ? stats->bytes : 0,
+  metrics_.PullEnded(st.log_id, "destination", PathName(st.path), stats.status(), stats.ok() ? stats->bytes : 0,
                      absl::ToDoubleSeconds(absl::Now() - st.start));
   absl::MutexLock lock(&st.mu);
   st.finished = true;

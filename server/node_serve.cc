@@ -398,9 +398,10 @@ void Node::ServePull(const PeerAddress& from, uint64_t id, wire::PullRequest req
   const std::string_view path = req.path <= static_cast<uint8_t>(PullPath::kStaged)
                                     ? PathName(static_cast<PullPath>(req.path))
                                     : "unknown";
-  auto finish = [this, key, done = std::move(done), in_flight, path,
+  const uint64_t log_id = metrics_.log.Begin("source", req.object, from.node, std::string(path), 0);
+  auto finish = [this, key, done = std::move(done), in_flight, path, log_id,
                  start = absl::Now()](absl::StatusOr<PullStats> r) {
-    metrics_.PullEnded("source", path, r.status(), r.ok() ? r->bytes : 0,
+    metrics_.PullEnded(log_id, "source", path, r.status(), r.ok() ? r->bytes : 0,
                        absl::ToDoubleSeconds(absl::Now() - start));
     {
       absl::MutexLock lock(&served_mu_);

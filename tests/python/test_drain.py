@@ -5,11 +5,8 @@ grace period's end cancels what is left. A pull is held in flight by stopping it
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -17,71 +14,9 @@ import pytest
 
 import ferry
 import helpers
-from helpers import pattern
+from helpers import HeldPull, call, pattern, wait_until
 
 MiB = 1 << 20
-
-
-def call(url, method="GET", body=None, headers=None):
-    """(status, headers, JSON or text) of one request."""
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, method=method, data=data,
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            status, h, raw = r.status, r.headers, r.read()
-    except urllib.error.HTTPError as e:
-        status, h, raw = e.code, e.headers, e.read()
-    try:
-        return status, h, json.loads(raw)
-    except ValueError:
-        return status, h, raw
-
-
-def pulls_in_flight(node) -> float:
-    _, _, text = call(node.url + "/metrics")
-    for line in text.decode().splitlines():
-        if line.startswith("ferry_pulls_in_flight "):
-            return float(line.split()[1])
-    raise AssertionError("no ferry_pulls_in_flight")
-
-
-def wait_until(condition, what: str, seconds: float = 30):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"no {what} in {seconds} s")
-
-
-class HeldPull:
-    """A pull from `source` into a region of `dest`, held in flight: the source is stopped once
-    the destination counts the pull (it sent the request: the session exists, the layout
-    needs no question), and goes on when `release` is called."""
-
-    def __init__(self, source, dest, size: int):
-        self.source = source
-        status, _, region = call(dest.url + "/v1/regions", "POST", {"size": size})
-        assert status == 201, region
-        # First contact, so that the held pull asks nothing of the source before it goes.
-        ferry.Client(dest.url).pull("w", source.url, as_="warm")
-        helpers.stop_process(source.proc.pid)
-        self.result = None
-        body = {"from": source.url, "object": "w",
-                "into": {"extents": [{"region": region["id"], "offset": 0, "length": size}]}}
-        self.thread = threading.Thread(
-            target=lambda: setattr(self, "result", call(dest.url + "/v1/pulls", "POST", body)))
-        self.thread.start()
-        wait_until(lambda: pulls_in_flight(dest) == 1, "pull in flight")
-
-    def release(self):
-        os.kill(self.source.proc.pid, signal.SIGCONT)
-
-    def join(self):
-        self.thread.join(60)
-        assert not self.thread.is_alive()
-        return self.result
 
 
 @pytest.fixture

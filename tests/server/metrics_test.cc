@@ -38,8 +38,12 @@ TEST(MetricsTest, HistogramBucketsAreCumulativeWithInfSumAndCount) {
 
 TEST(MetricsTest, APullCountsItsOutcomeAndOnlySuccessesCountBytes) {
   NodeMetrics m;
-  m.PullEnded("destination", "rdma", absl::OkStatus(), 4096, 0.001);
-  m.PullEnded("destination", "rdma", absl::UnavailableError("gone"), 4096, 0.001);
+  m.PullEnded(m.log.Begin("destination", "w", "http://a", "rdma", 4096), "destination", "rdma",
+              absl::OkStatus(), 4096, 0.001);
+  const uint64_t failing = m.log.Begin("destination", "w", "http://a", "rdma", 4096);
+  ASSERT_EQ(m.log.Running().size(), 1u);
+  EXPECT_EQ(m.log.Running()[0].object, "w");
+  m.PullEnded(failing, "destination", "rdma", absl::UnavailableError("gone"), 4096, 0.001);
   MetricsText out;
   m.pulls.Write(out);
   m.pull_bytes.Write(out);
@@ -49,6 +53,26 @@ TEST(MetricsTest, APullCountsItsOutcomeAndOnlySuccessesCountBytes) {
   EXPECT_NE(t.find("outcome=\"unavailable\"} 1\n"), std::string::npos);
   EXPECT_NE(t.find("ferry_pull_bytes_total{role=\"destination\",path=\"rdma\"} 4096\n"),
             std::string::npos);
+  // The log: nothing running, the failure newest first with its reason.
+  EXPECT_TRUE(m.log.Running().empty());
+  const std::vector<PullLog::Entry> recent = m.log.Recent();
+  ASSERT_EQ(recent.size(), 2u);
+  EXPECT_EQ(recent[0].outcome, "unavailable");
+  EXPECT_EQ(recent[0].error, "gone");
+  EXPECT_EQ(recent[1].outcome, "ok");
+  EXPECT_EQ(recent[1].bytes, 4096u);
+}
+
+TEST(MetricsTest, TheLogKeepsTheLastPullsOnly) {
+  PullLog log;
+  for (size_t i = 0; i < PullLog::kRecent + 5; ++i) {
+    log.End(log.Begin("source", "o" + std::to_string(i), "n", "rdma", 1), "rdma",
+            absl::OkStatus(), 1);
+  }
+  const auto recent = log.Recent();
+  ASSERT_EQ(recent.size(), PullLog::kRecent);
+  EXPECT_EQ(recent.front().object, "o" + std::to_string(PullLog::kRecent + 4));
+  EXPECT_EQ(recent.back().object, "o5");
 }
 
 }  // namespace
