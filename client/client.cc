@@ -57,6 +57,10 @@ absl::Status Client::Health() {
   return StatusFromResult(impl_->http.Get("/v1/health"), impl_->url);
 }
 
+absl::Status Client::Drain() {
+  return StatusFromResult(impl_->http.Post("/v1/drain", "{}", "application/json"), impl_->url);
+}
+
 absl::StatusOr<ObjectInfo> Client::Put(const std::string& name, std::string_view data,
                                        bool replace, const Progress& progress,
                                        const std::string& device, const std::string& meta) {

@@ -111,6 +111,9 @@ int main(int argc, char** argv) {
   pull->add_option("--device", device, "where the copy goes: host or cuda:N")
       ->capture_default_str();
   pull->add_option("--path", path, "auto, rdma, cuda_ipc or staged")->capture_default_str();
+  auto* health = app.add_subcommand("health", "exit 0 when the node answers and is not draining");
+  auto* drain = app.add_subcommand(
+      "drain", "make the node refuse new work, finish its pulls and stop (POST /v1/drain)");
   std::string xml, provider;
   auto* topo = app.add_subcommand(
       "topo", "print where rails go on this machine: GPU -> NICs -> NUMA node -> cores");
@@ -181,6 +184,10 @@ int main(int argc, char** argv) {
   } else if (*rm) {
     absl::Status s = c.Remove(name);
     if (!s.ok()) return Fail(s);
+  } else if (*health || *drain) {
+    absl::Status s = *health ? c.Health() : c.Drain();
+    if (!s.ok()) return Fail(s);
+    std::printf("%s\n", *health ? "ok" : "draining");
   } else if (*pull) {
     auto r = c.Pull(name, from, as, replace, device, path);
     if (!r.ok()) return Fail(r.status());

@@ -11,6 +11,7 @@ packages=(
   iproute2 iperf3 curl
   python3 python3-numpy python3-pytest wget aria2
   prometheus chromium
+  mmdebstrap umoci podman runc
 )
 missing=()
 for p in "${packages[@]}"; do

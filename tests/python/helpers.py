@@ -129,6 +129,13 @@ def call(url, method="GET", body=None, headers=None):
         return status, h, raw
 
 
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def auth(token: str) -> dict:
     return {"Authorization": f"Bearer {token}"} if token else {}
 

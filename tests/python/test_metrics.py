@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -32,12 +31,6 @@ def get(url, headers=None):
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def samples(text: str) -> dict[str, float]:
@@ -112,7 +105,7 @@ class Prometheus:
     """A Prometheus on loopback scraping `targets` every 100 ms into `data`."""
 
     def __init__(self, data, targets: list[str]):
-        self.port = free_port()
+        self.port = helpers.free_port()
         config = data / "prometheus.yml"
         hosts = [t.removeprefix("http://") for t in targets]
         config.write_text(json.dumps({

@@ -33,6 +33,9 @@ class Client {
   // Errors carry the node's code (kNotFound, kAlreadyExists, ...); no answer at all is
   // kUnavailable, or kDeadlineExceeded on a timeout.
   absl::Status Health();
+  // Drains the node (POST /v1/drain): it refuses new pulls and uploads, finishes the running
+  // pulls, then stops (ferryd exits).
+  absl::Status Drain();
   // Uploads into a new buffer on `device` ("host" or "cuda:N"), with `meta` (JSON text, at
   // most kMaxMeta bytes; empty: none) attached to the version.
   absl::StatusOr<ObjectInfo> Put(const std::string& name, std::string_view data,
