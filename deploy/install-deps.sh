@@ -9,10 +9,13 @@ packages=(
   libabsl-dev libspdlog-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
   libssl-dev
   iproute2 iperf3 curl
-  python3 python3-numpy python3-pytest wget aria2
+  python3 python3-numpy python3-pytest python3-yaml wget aria2
   prometheus chromium
   mmdebstrap umoci podman runc
 )
+# kubectl: Debian's kubernetes-client, unless the machine has a kubectl already (another
+# package of it owns the same file).
+command -v kubectl > /dev/null || packages+=(kubernetes-client)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
