@@ -134,7 +134,7 @@ int Fail(const absl::Status& s) {
 
 // What counting for /metrics costs a pull: ferryd pairs with and without (--metrics), their
 // 4 KiB pulls (POST /v1/pulls, a kept connection) in alternated rounds, and 64 MiB pulls
-// alternated; p50 and median times, and their ratio (counting / not counting).
+// alternated (each pair first in every other round); p50 and median times, and their ratio (counting / not counting).
 int MetricsCost(const NodeFlags& f, const std::filesystem::path& dir) {
   struct Pair {
     testing::FerrydProcess a, b;
@@ -184,7 +184,8 @@ int MetricsCost(const NodeFlags& f, const std::filesystem::path& dir) {
   constexpr int kRounds = 10;
   const int per_round = std::max(1, f.latency_iters / kRounds);
   for (int round = -1; round < kRounds; ++round) {  // round -1: warm-up, not kept
-    for (Pair& p : pairs) {
+    for (int k = 0; k < 2; ++k) {
+      Pair& p = pairs[(k + round + 2) % 2];  // each pair goes first in every other round
       for (int i = 0; i < per_round; ++i) {
         auto s = pull(p, "small", 4096);
         if (!s.ok()) return Fail(s.status());
@@ -193,7 +194,8 @@ int MetricsCost(const NodeFlags& f, const std::filesystem::path& dir) {
     }
   }
   for (int i = -1; i < f.iters; ++i) {
-    for (Pair& p : pairs) {
+    for (int k = 0; k < 2; ++k) {
+      Pair& p = pairs[(k + i + 2) % 2];
       auto s = pull(p, "large", kLarge);
       if (!s.ok()) return Fail(s.status());
       if (i >= 0) p.large.push_back(*s);
