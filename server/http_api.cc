@@ -126,6 +126,9 @@ void SetMetaHeaders(const std::string& meta, httplib::Response& res) {
   }
 }
 
+// Most ranges one GET of data may ask for.
+constexpr size_t kMaxRanges = 16;
+
 void GetData(Node& node, const std::string& name, const httplib::Request& req,
              httplib::Response& res) {
   auto version = VersionParam(req);
@@ -143,22 +146,31 @@ void GetData(Node& node, const std::string& name, const httplib::Request& req,
   SetMetaHeaders(obj->meta, res);
   const std::string type =
       obj->content_type.empty() ? "application/octet-stream" : obj->content_type;
-  // A Range with an If-Range that names another version gets the whole of this one. httplib
-  // reads the ranges from the request it handed over (its own, not const where it lives).
-  if (!req.ranges.empty() && !RangeApplies(req, etag, obj->created_ms)) {
-    const_cast<httplib::Request&>(req).ranges.clear();
-  }
+  // httplib reads the ranges from the request it handed over (its own, not const where it
+  // lives): cleared, the whole object goes.
+  auto& ranges = const_cast<httplib::Request&>(req).ranges;
+  // A Range with an If-Range that names another version gets the whole of this one.
+  if (!ranges.empty() && !RangeApplies(req, etag, obj->created_ms)) ranges.clear();
   // httplib 0.11.4 answers 206 even for a range that starts past the end: refuse it here.
   const auto size = static_cast<ssize_t>(obj->size);
-  for (const auto& [first, last] : req.ranges) {
+  uint64_t asked = 0;
+  for (const auto& [first, last] : ranges) {
     if ((first >= 0 && first >= size) || (first < 0 && last == 0) ||
         (first >= 0 && last >= 0 && last < first)) {
+      ranges.clear();  // else httplib adds a Content-Range of its own
       res.set_header("Content-Range", "bytes */" + std::to_string(obj->size));
       WriteError(res, absl::OutOfRangeError("range not satisfiable"));
       res.status = 416;
       return;
     }
+    asked += static_cast<uint64_t>(first < 0 ? std::min(last, size)
+                                             : std::min(last < 0 ? size - 1 : last, size - 1) -
+                                                   first + 1);
   }
+  // Many ranges, or ranges that add up to more than the object (overlapping): the whole object
+  // instead (RFC 9110 lets a server ignore Range), so that no request gets more bytes than
+  // the object has.
+  if (ranges.size() > kMaxRanges || asked > obj->size) ranges.clear();
   if (req.method == "HEAD") {  // the headers a GET would have; no buffer, no read
     res.set_header("Content-Length", std::to_string(obj->size));
     res.set_header("Content-Type", type);

@@ -208,3 +208,27 @@ def test_meta_labels_come_as_headers(ferryd):
     assert (h["X-Ferry-Meta-dtype"], h["X-Ferry-Meta-layers"], h["X-Ferry-Meta-ok"]) == \
         ("bf16", "32", "true")
     assert h.get("X-Ferry-Meta-tensors") is None and h.get("X-Ferry-Meta-long") is None
+
+
+def test_too_many_or_overlapping_ranges_get_the_whole_object_once(ferryd):
+    data = pattern(16384).tobytes()
+    assert put(ferryd, "r", data)[0] == 201
+    # 500 ranges of the whole object would be 8 MB from 16 KiB: the object, once, instead.
+    status, headers, body = request(data_url(ferryd, "r"),
+                                    headers={"Range": "bytes=" + ",".join(["0-16383"] * 500)})
+    assert status == 200 and body == data and "Content-Range" not in headers
+    overlapping = ",".join(["0-9999", "5000-16383"])
+    status, _, body = request(data_url(ferryd, "r"), headers={"Range": f"bytes={overlapping}"})
+    assert status == 200 and body == data
+    # Up to 16 disjoint ranges stay a multipart 206.
+    few = ",".join(f"{i * 1000}-{i * 1000 + 9}" for i in range(16))
+    status, headers, body = request(data_url(ferryd, "r"), headers={"Range": f"bytes={few}"})
+    assert status == 206 and headers["Content-Type"].startswith("multipart/byteranges")
+    assert 160 < len(body) < 16384
+
+
+def test_an_empty_suffix_range_is_416_with_one_content_range(ferryd):
+    assert put(ferryd, "r", pattern(16384).tobytes())[0] == 201
+    status, headers, _ = request(data_url(ferryd, "r"), headers={"Range": "bytes=-0"})
+    assert status == 416
+    assert headers.get_all("Content-Range") == ["bytes */16384"]
