@@ -514,6 +514,16 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
   server.set_tcp_nodelay(true);
   // Requests of the methods with bodies are checked by their routes (Guarded).
   server.set_pre_routing_handler([options](const httplib::Request& req, httplib::Response& res) {
+    // Content-Length given twice with different values: where the body ends is unknown, so
+    // the request is refused and the connection closed (RFC 9112, 6.3).
+    const size_t lengths = req.get_header_value_count("Content-Length");
+    for (size_t i = 1; i < lengths; ++i) {
+      if (req.get_header_value("Content-Length", i) != req.get_header_value("Content-Length")) {
+        WriteError(res, absl::InvalidArgumentError("Content-Length headers that differ"));
+        res.set_header("Connection", "close");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
     const std::string& m = req.method;
     if (Authorized(options, req) || m == "POST" || m == "PUT" || m == "DELETE") {
       return httplib::Server::HandlerResponse::Unhandled;

@@ -232,3 +232,18 @@ def test_an_empty_suffix_range_is_416_with_one_content_range(ferryd):
     status, headers, _ = request(data_url(ferryd, "r"), headers={"Range": "bytes=-0"})
     assert status == 416
     assert headers.get_all("Content-Range") == ["bytes */16384"]
+
+
+def test_differing_content_lengths_are_refused_and_the_connection_closed(ferryd):
+    import socket
+    host, port = ferryd.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"PUT /v1/objects/x/data HTTP/1.1\r\nHost: a\r\n"
+                  b"Content-Type: application/octet-stream\r\n"
+                  b"Content-Length: 3\r\nContent-Length: 5\r\n\r\nabcde")
+        answer = b""
+        while chunk := s.recv(65536):  # ends when the node closes the connection
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400 "), answer
+    assert b"Content-Length headers that differ" in answer
+    assert request(f"{ferryd.url}/v1/objects/x")[0] == 404
