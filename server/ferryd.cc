@@ -105,7 +105,11 @@ int main(int argc, char** argv) {
                  "versions kept per object name; older ones, and the buffers ferryd allocated "
                  "for them, go when a new one is published (0: all)")
       ->capture_default_str();
-  uint64_t spare_mb = 0;
+  uint64_t spare_mb = 0, memory_limit_mb = 0;
+  app.add_option("--memory-limit-mb", memory_limit_mb,
+                 "host memory the node allocates at most, MiB (0: three quarters of the "
+                 "machine's)")
+      ->capture_default_str();
   app.add_option("--spare-mb", spare_mb,
                  "MiB of freed object buffers kept for the next object of the same size and "
                  "device (0: none)")
@@ -119,6 +123,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   options.staging_slot_bytes = slot_kib << 10;
   options.spare_bytes = spare_mb << 20;
+  options.memory_limit = memory_limit_mb << 20;
   options.engine.rail_stall_timeout = absl::Milliseconds(stall_ms);
   options.engine.rail_backoff = absl::Milliseconds(backoff_ms);
 

@@ -1,11 +1,14 @@
 #include "server/node.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "base/crc32c.h"
 #include "base/hex.h"
@@ -83,6 +86,11 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Open(const NodeOptions& options) {
     return absl::InvalidArgumentError("peer transport must be auto, fabric or http");
   }
   std::unique_ptr<Node> node(new Node(options));
+  node->memory_limit_ =
+      options.memory_limit != 0
+          ? options.memory_limit
+          : static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) / 4 * 3 *
+                static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   std::error_code ec;
   std::filesystem::create_directories(options.data_dir, ec);
   if (ec) {
@@ -187,9 +195,44 @@ absl::StatusOr<RegionInfo> Node::AllocateRegion(Device device, uint64_t size,
     return AddRegion(static_cast<char*>(mem), size, device, {static_cast<char*>(mem), &FreeCuda},
                      for_object);
   }
+  RETURN_IF_ERROR(ReserveHost(size));
+  absl::Cleanup unreserve = [this, size] { UnreserveHost(size); };
   char* mem = static_cast<char*>(engine::AllocateHostMemory(size));
   if (mem == nullptr) return absl::ResourceExhaustedError("out of memory for the region");
   return AddRegion(mem, size, device, {mem, &FreeOwned}, for_object);
+}
+
+absl::Status Node::ReserveHost(uint64_t size) {
+  absl::MutexLock lock(&mu_);
+  FreeUnusedLocked();
+  uint64_t used = reserved_host_;
+  for (const auto& [id, r] : regions_) {
+    if (r.owned != nullptr && !r.info.device.is_cuda()) used += r.info.size;
+  }
+  for (const Spare& spare : spares_) {
+    if (!spare.device.is_cuda()) used += spare.size;
+  }
+  for (auto it = spares_.begin(); used + size > memory_limit_ && it != spares_.end();) {
+    if (it->device.is_cuda()) {
+      ++it;
+      continue;
+    }
+    used -= it->size;
+    spare_total_ -= it->size;
+    it = spares_.erase(it);
+  }
+  if (used + size > memory_limit_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "host memory limit: ", size, " more bytes do not fit (", used, " of ", memory_limit_,
+        " allocated; ferryd --memory-limit-mb)"));
+  }
+  reserved_host_ += size;
+  return absl::OkStatus();
+}
+
+void Node::UnreserveHost(uint64_t size) {
+  absl::MutexLock lock(&mu_);
+  reserved_host_ -= size;
 }
 
 absl::StatusOr<RegionInfo> Node::RegisterRegion(void* addr, uint64_t size,

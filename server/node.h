@@ -52,6 +52,10 @@ struct NodeOptions {
   // same device, which then takes it instead of new memory. Oldest go first when full. 0:
   // none. Default: 0.
   uint64_t spare_bytes = 0;
+  // Most bytes of host memory the node allocates (its regions and new buffers, spares
+  // included); past it an allocation is refused with kResourceExhausted (HTTP 429), spares
+  // going first. 0: three quarters of the machine's memory. Default: 0.
+  uint64_t memory_limit = 0;
   // Deadline of a pull that names none, and the longest one may name. Defaults: 60 s, 1 h.
   absl::Duration pull_timeout = absl::Seconds(60);
   absl::Duration max_pull_timeout = absl::Hours(1);
@@ -155,7 +159,7 @@ class Node {
   // A buffer the node allocates and registers, zeroed; `for_object` (an upload or a pull into
   // a new buffer, which writes every byte before it publishes) may take a spare instead, not
   // zeroed. kInvalidArgument: size 0 or over 1 TiB. kUnimplemented: a device this build
-  // cannot allocate.
+  // cannot allocate. kResourceExhausted: host memory past NodeOptions::memory_limit.
   absl::StatusOr<RegionInfo> AllocateRegion(Device device, uint64_t size, bool for_object = false);
   // The caller's memory, registered until DeleteRegion; the caller keeps it valid till then.
   absl::StatusOr<RegionInfo> RegisterRegion(void* addr, uint64_t size, Device device);
@@ -356,6 +360,11 @@ class Node {
   // Keeps the memory of `r` (being freed) as a spare when it is the node's, was allocated for
   // an object, and fits in NodeOptions::spare_bytes.
   void KeepSpareLocked(Region& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts `size` bytes of host memory about to be allocated against the memory limit
+  // (dropping spares to make room); kResourceExhausted when they do not fit. The caller
+  // gives them back (UnreserveHost) once the region is in regions_, or failed.
+  absl::Status ReserveHost(uint64_t size);
+  void UnreserveHost(uint64_t size);
   // A spare of exactly `size` bytes on `device`, taken; null when there is none.
   OwnedMemory TakeSpare(Device device, uint64_t size);
   // The regions of dropped object versions that the catalog `released`: those the node
@@ -488,6 +497,8 @@ class Node {
   };
   std::deque<Spare> spares_ ABSL_GUARDED_BY(mu_);
   uint64_t spare_total_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t memory_limit_ = 0;  // NodeOptions::memory_limit, resolved
+  uint64_t reserved_host_ ABSL_GUARDED_BY(mu_) = 0;  // being allocated
   int pulls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, std::shared_ptr<Prepared>> prepared_ ABSL_GUARDED_BY(mu_);
   uint64_t next_prepared_ ABSL_GUARDED_BY(mu_) = 1;
