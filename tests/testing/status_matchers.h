@@ -22,6 +22,14 @@ MATCHER_P(StatusIs, code, "has status code " + ::testing::PrintToString(code)) {
   return s.code() == code;
 }
 
+// The code, and the message matching `message` (a gmock string matcher).
+MATCHER_P2(StatusIs, code, message, "has status code " + ::testing::PrintToString(code)) {
+  const absl::Status& s = ::ferry::testing::GetStatus(arg);
+  *result_listener << "status is " << s.ToString();
+  return s.code() == code &&
+         ::testing::Matches(message)(std::string(s.message()));
+}
+
 MATCHER(IsOk, "is OK") {
   const absl::Status& s = ::ferry::testing::GetStatus(arg);
   *result_listener << "status is " << s.ToString();
