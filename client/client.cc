@@ -201,6 +201,26 @@ absl::StatusOr<PullStats> Client::Pull(const std::string& name, const std::strin
   return Pull(spec);
 }
 
+absl::StatusOr<std::vector<ClusterNode>> Client::Cluster() {
+  ASSIGN_OR_RETURN(auto j, JsonBody(impl_->http.Get("/v1/cluster"), impl_->url));
+  std::vector<ClusterNode> out;
+  try {
+    for (const auto& n : j.at("nodes")) {
+      ClusterNode c{.id = n.value("id", ""), .url = n.value("url", ""),
+                    .host = n.value("host", ""), .state = n.value("state", "")};
+      if (n.contains("labels")) c.labels = n["labels"].get<std::map<std::string, std::string>>();
+      for (const auto& o : n.value("objects", nlohmann::json::array())) {
+        c.objects.push_back({o.value("name", ""), o.value("version", uint64_t{0}),
+                             o.value("size", uint64_t{0})});
+      }
+      out.push_back(std::move(c));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::UnknownError(absl::StrCat(impl_->url, ": a cluster answer of another shape: ", e.what()));
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<absl::StatusOr<PullStats>>> Client::PullBatch(
     const std::vector<PullSpec>& specs) {
   nlohmann::json list = nlohmann::json::array();

@@ -113,10 +113,9 @@ absl::StatusOr<Layout> LayoutOf(const ferry_layout* l) {
 
 absl::StatusOr<PullSpec> SpecOf(const ferry_pull_spec* s) {
   RETURN_IF_ERROR(Required(s, "spec"));
-  RETURN_IF_ERROR(Required(s->from, "spec.from"));
   RETURN_IF_ERROR(Required(s->object, "spec.object"));
   PullSpec spec;
-  spec.from = s->from;
+  if (s->from != nullptr) spec.from = s->from;
   spec.object = s->object;
   spec.version = Version(s->version);
   spec.range_offset = s->range_offset;

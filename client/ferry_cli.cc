@@ -102,15 +102,18 @@ int main(int argc, char** argv) {
   stat->add_option("NAME", name)->required();
   auto* rm = app.add_subcommand("rm", "delete object NAME");
   rm->add_option("NAME", name)->required();
-  auto* pull = app.add_subcommand("pull", "make node --to (default --node) pull NAME from --from");
+  auto* pull = app.add_subcommand(
+      "pull", "make node --to (default --node) pull NAME from --from, or from a holder its "
+              "directory names");
   pull->add_option("NAME", name)->required();
-  pull->add_option("--from", from, "source node URL")->required();
+  pull->add_option("--from", from, "source node URL (default: a holder, by the directory)");
   pull->add_option("--to", to, "destination node URL (default: --node)");
   pull->add_option("--as", as, "name to publish the copy as (default: NAME)");
   pull->add_flag("--replace", replace, "make a new version if the name exists there");
   pull->add_option("--device", device, "where the copy goes: host or cuda:N")
       ->capture_default_str();
   pull->add_option("--path", path, "auto, rdma, cuda_ipc or staged")->capture_default_str();
+  auto* cluster = app.add_subcommand("cluster", "the nodes of the node's directory, and what they hold");
   auto* health = app.add_subcommand("health", "exit 0 when the node answers and is not draining");
   auto* drain = app.add_subcommand(
       "drain", "make the node refuse new work, finish its pulls and stop (POST /v1/drain)");
@@ -195,6 +198,19 @@ int main(int argc, char** argv) {
                 name.c_str(), static_cast<unsigned long long>(r->bytes), r->bytes_per_rail.size(),
                 r->path.c_str(), r->seconds,
                 r->seconds > 0 ? static_cast<double>(r->bytes) * 8 / r->seconds / 1e9 : 0.0);
+    if (!r->source.empty()) std::printf("from %s\n", r->source.c_str());
+    for (const std::string& t : r->tried) std::printf("tried first: %s\n", t.c_str());
+  } else if (*cluster) {
+    auto r = c.Cluster();
+    if (!r.ok()) return Fail(r.status());
+    for (const ferry::ClusterNode& n : *r) {
+      std::printf("%-18s %-28s %-8s %zu object(s)\n", n.id.c_str(), n.url.c_str(), n.state.c_str(),
+                  n.objects.size());
+      for (const auto& o : n.objects) {
+        std::printf("    %-40s v%-4llu %14llu\n", o.name.c_str(),
+                    static_cast<unsigned long long>(o.version), static_cast<unsigned long long>(o.size));
+      }
+    }
   }
   return 0;
 }

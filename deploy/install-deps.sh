@@ -10,7 +10,7 @@ packages=(
   libssl-dev
   iproute2 iperf3 curl
   python3 python3-numpy python3-pytest python3-yaml wget aria2
-  prometheus chromium
+  prometheus chromium etcd-server etcd-client
   mmdebstrap umoci podman runc
 )
 # kubectl: Debian's kubernetes-client, unless the machine has a kubectl already (another

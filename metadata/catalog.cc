@@ -302,11 +302,13 @@ absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
   rocksdb::Status s = db_->Get({}, objects_, LatestKey(name), &latest);
   if (!s.ok() && !s.IsNotFound()) return FromRocksDb(s, "read object");
   const bool in_memory = ephemeral_.contains(name);
-  if (extras.if_latest) {
-    const uint64_t now = s.ok()      ? DecodeU64(latest)
-                         : in_memory ? ephemeral_[name].rbegin()->first
-                                     : 0;
-    RETURN_IF_ERROR(CheckLatest(name, now, *extras.if_latest));
+  const uint64_t now = s.ok()      ? DecodeU64(latest)
+                       : in_memory ? ephemeral_[name].rbegin()->first
+                                   : 0;
+  if (extras.if_latest) RETURN_IF_ERROR(CheckLatest(name, now, *extras.if_latest));
+  if (extras.version && *extras.version <= now) {
+    return PreconditionFailed(absl::StrCat("version ", *extras.version, " of object '",
+                                          name, "' is not above its latest, ", now));
   }
   if ((s.ok() || in_memory) && !replace) {
     return absl::AlreadyExistsError(
@@ -316,8 +318,8 @@ absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
     return absl::FailedPreconditionError(absl::StrCat(
         "object '", name, "' is ", s.ok() ? "durable" : "ephemeral", "; a new version of it must be too"));
   }
-  if (!durable) return PublishEphemeralLocked(std::move(r), replace, released);
-  r.version = s.ok() ? DecodeU64(latest) + 1 : 1;
+  r.version = extras.version.value_or(now + 1);
+  if (!durable) return PublishEphemeralLocked(std::move(r), r.version, released);
   rocksdb::WriteBatch batch;
   batch.Put(objects_, LatestKey(name), EncodeU64(r.version));
   batch.Put(objects_, VersionKey(name, r.version), EncodeRecord(r));
@@ -335,11 +337,10 @@ absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
   return r;
 }
 
-absl::StatusOr<ObjectRecord> Catalog::PublishEphemeralLocked(ObjectRecord r, bool replace,
+absl::StatusOr<ObjectRecord> Catalog::PublishEphemeralLocked(ObjectRecord r, uint64_t version,
                                                              std::set<uint64_t>* released) {
   Versions& versions = ephemeral_[r.name];
-  r.version = versions.empty() ? 1 : versions.rbegin()->first + 1;
-  (void)replace;  // checked by Publish
+  r.version = version;
   for (uint64_t region : RegionsOf(r.extents)) ++region_users_[region];
   versions.emplace(r.version, std::make_shared<const ObjectRecord>(r));
   std::vector<ObjectRecord> removed;

@@ -45,6 +45,9 @@ struct PublishExtras {
   // Publish only if the name's latest version is this one (0: only if the name has none);
   // kFailedPrecondition (PreconditionFailed, HTTP 412) otherwise. Default: no condition.
   std::optional<uint64_t> if_latest;
+  // Publish as this version number, not the next one (a copy of another node's version keeps
+  // its number): kFailedPrecondition (HTTP 412) unless it is above the latest. Default: next.
+  std::optional<uint64_t> version;
 };
 
 struct CatalogOptions {
@@ -132,7 +135,7 @@ class Catalog {
   void Cache(const std::string& key, std::shared_ptr<const ObjectRecord> r) const;
   // Ephemeral objects: versions by name (each name's latest last).
   using Versions = std::map<uint64_t, std::shared_ptr<const ObjectRecord>>;
-  absl::StatusOr<ObjectRecord> PublishEphemeralLocked(ObjectRecord r, bool replace,
+  absl::StatusOr<ObjectRecord> PublishEphemeralLocked(ObjectRecord r, uint64_t version,
                                                       std::set<uint64_t>* released)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<std::string, Versions> ephemeral_ ABSL_GUARDED_BY(mu_);

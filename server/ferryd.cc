@@ -9,6 +9,8 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
+#include "base/status.h"
+#include "cluster/directory_store.h"
 #include "server/http_api.h"
 #include "server/node.h"
 #include "nlohmann/json.hpp"
@@ -99,6 +101,24 @@ int main(int argc, char** argv) {
   app.add_flag("--metrics-public", http.metrics_public,
                "GET /metrics answers without the token (for a scraper that has none)");
   app.add_option("--max-body-mb", max_body_mb, "largest request body, MiB")->capture_default_str();
+  bool serve_directory = false;
+  int64_t directory_ttl_s = absl::ToInt64Seconds(options.directory_ttl);
+  std::string advertise;
+  std::vector<std::string> labels;
+  app.add_option("--directory", options.directory,
+                 "the cluster's directory: etcd://HOST:PORT[,HOST:PORT...] or http://HOST:PORT "
+                 "(a ferryd with --serve-directory); the node joins it, and pulls may name no "
+                 "source");
+  app.add_flag("--serve-directory", serve_directory,
+               "keep a directory for other nodes (in DATA_DIR/directory) and join it, unless "
+               "--directory names another");
+  app.add_option("--directory-ttl-s", directory_ttl_s,
+                 "lease of this node's directory records: a node that dies leaves it within this")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{3600}));
+  app.add_option("--advertise-url", advertise,
+                 "how other nodes reach this one over HTTP (default: http://LISTEN)");
+  app.add_option("--label", labels, "KEY=VALUE: a label of this node in the directory");
   app.add_option("--max-extents", options.max_extents, "most extents per request")
       ->capture_default_str();
   app.add_option("--keep-versions", options.keep_versions,
@@ -160,6 +180,16 @@ int main(int argc, char** argv) {
     options.cluster_key = ferry::wire::ClusterKeyFromToken(http.token);
   }
   http.max_body = max_body_mb << 20;
+  options.directory_ttl = absl::Seconds(directory_ttl_s);
+  options.directory_token = http.token;
+  for (const std::string& l : labels) {
+    const size_t eq = l.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::cerr << "ferryd: --label must be KEY=VALUE, not " << l << "\n";
+      return 2;
+    }
+    options.labels[l.substr(0, eq)] = l.substr(eq + 1);
+  }
 
   // Signals are taken by a thread of their own (sigwait), so they never interrupt libfabric.
   sigset_t signals;
@@ -169,25 +199,46 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  auto node = ferry::server::Node::Open(options);
-  if (!node.ok()) {
-    std::cerr << "ferryd: " << node.status() << "\n";
-    return 1;
-  }
+  // Bound first: the node's URL (and its own directory's) has the port in it.
   httplib::Server server;
-  http.on_drain = [] { kill(getpid(), SIGTERM); };
-  ferry::server::InstallRoutes(server, **node, http);
   const int bound = port == 0 ? server.bind_to_any_port(host.c_str())
                               : (server.bind_to_port(host.c_str(), port) ? port : -1);
   if (bound < 0) {
     std::cerr << "ferryd: cannot listen on " << listen << "\n";
     return 1;
   }
+  const std::string url =
+      !advertise.empty() ? advertise
+      : host.find(':') != std::string::npos
+          ? "http://[" + host + "]:" + std::to_string(bound)
+          : "http://" + host + ":" + std::to_string(bound);
+  std::unique_ptr<ferry::cluster::DirectoryStore> directory;
+  if (serve_directory) {
+    auto store = ferry::cluster::DirectoryStore::Open(options.data_dir + "/directory");
+    if (!store.ok()) {
+      std::cerr << "ferryd: " << store.status() << "\n";
+      return 1;
+    }
+    directory = *std::move(store);
+    http.directory = directory.get();
+    if (options.directory.empty()) options.directory = url;
+  }
+  auto node = ferry::server::Node::Open(options);
+  if (!node.ok()) {
+    std::cerr << "ferryd: " << node.status() << "\n";
+    return 1;
+  }
+  http.on_drain = [] { kill(getpid(), SIGTERM); };
+  ferry::server::InstallRoutes(server, **node, http);
   // One line on stdout for whoever started us: where we listen and who we are.
   std::cout << nlohmann::json{{"listen", host + ":" + std::to_string(bound)},
-                              {"node", (*node)->id()}}
+                              {"node", (*node)->id()}, {"url", url}}
                    .dump()
             << std::endl;
+  if (!options.directory.empty()) {
+    ferry::IgnoreError((*node)->Join(url));  // fails only without a directory
+    spdlog::info("joining directory {} as {}", options.directory, url);
+  }
   spdlog::info("node {} listening on {}:{} with {} rail(s) of {} on {} progress thread(s)",
                (*node)->id(), host, bound, (*node)->engine().rails().size(),
                (*node)->engine().rails()[0].provider, (*node)->engine().progress_threads());
@@ -220,6 +271,7 @@ int main(int argc, char** argv) {
     waiter.join();
   }
   node->reset();  // drains pulls, closes the engine, flushes and closes the catalog
+  directory.reset();
   spdlog::info("stopped");
   return 0;
 }

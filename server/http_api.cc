@@ -243,13 +243,14 @@ bool Authorized(const HttpOptions& options, const httplib::Request& req) {
 std::string RouteOf(const std::string& path) {
   static constexpr std::string_view kFixed[] = {
       "/v1/health", "/v1/node",  "/v1/regions", "/v1/objects", "/v1/pulls",
-      "/v1/destinations", "/v1/peer", "/v1/drain", "/metrics"};
+      "/v1/destinations", "/v1/peer", "/v1/drain", "/v1/cluster", "/metrics"};
   for (std::string_view r : kFixed) {
     if (path == r) return std::string(r);
   }
   for (const char* prefix : {"/v1/regions/", "/v1/destinations/"}) {
     if (absl::StartsWith(path, prefix)) return absl::StrCat(prefix, "{id}");
   }
+  if (absl::StartsWith(path, "/v3/")) return "/v3/{directory}";
   if (absl::StartsWith(path, "/v1/objects/")) {
     for (const char* action : {"/data", "/pull"}) {
       if (absl::EndsWith(path, action)) return absl::StrCat("/v1/objects/{name}", action);
@@ -591,7 +592,27 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
     WriteJson(res, {{"status", "draining"}}, 202);
   }));
   server.Get("/v1/node", [&node](const httplib::Request&, httplib::Response& res) {
-    WriteJson(res, ToJson(node.Info()));
+    nlohmann::json info = ToJson(node.Info());
+    if (!node.directory_url().empty()) {
+      info["directory"] = {{"url", node.directory_url()}, {"state", node.directory_state()}};
+    }
+    WriteJson(res, info);
+  });
+  server.Get("/v1/cluster", [&node](const httplib::Request&, httplib::Response& res) {
+    auto nodes = node.Cluster();
+    if (!nodes.ok()) return WriteError(res, nodes.status());
+    nlohmann::json list = nlohmann::json::array();
+    for (cluster::NodeEntry& n : *nodes) {
+      nlohmann::json objects = nlohmann::json::array();
+      for (const cluster::Holder& h : n.holds) {
+        objects.push_back({{"name", h.name}, {"version", h.version}, {"size", h.size}});
+      }
+      n.record["objects"] = std::move(objects);
+      list.push_back(std::move(n.record));
+    }
+    WriteJson(res, {{"directory", node.directory_url()},
+                    {"state", node.directory_state()},
+                    {"nodes", std::move(list)}});
   });
   server.Post("/v1/regions", Guarded(options, Whole([&node](const httplib::Request& req,
                                                             httplib::Response& res) {
@@ -704,6 +725,14 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
              }));
   server.Delete("/v1/objects/(.+)", Guarded(options, Whole(objects)));
   server.Post("/v1/objects/(.+)", Guarded(options, Whole(objects)));
+  if (options.directory != nullptr) {
+    cluster::InstallDirectoryRoutes(
+        server, *options.directory, [options](const httplib::Request& req, httplib::Response& res) {
+          if (Authorized(options, req)) return true;
+          WriteError(res, Unauthenticated());
+          return false;
+        });
+  }
   // The rest of those methods' paths: the body dropped, then the error handler's 404 (or 401
   // without the token).
   const auto no_route = Guarded(options, [](const httplib::Request& req, httplib::Response& res,

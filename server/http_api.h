@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 
+#include "cluster/directory_store.h"
 #include "server/node.h"
 
 namespace httplib {
@@ -23,6 +24,9 @@ struct HttpOptions {
   std::function<void()> on_drain;
   // Largest request body. Default: 1 GiB.
   size_t max_body = size_t{1} << 30;
+  // A directory this server answers for other nodes (ferryd --serve-directory), on etcd's
+  // JSON gateway routes (POST /v3/...), behind the token. Default: none.
+  cluster::DirectoryStore* directory = nullptr;
 };
 
 // Installs every route on `server`; `node` must outlive it.

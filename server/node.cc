@@ -15,6 +15,7 @@
 #include "base/ids.h"
 #include "base/status.h"
 #include "engine/fabric.h"
+#include "server/api_json.h"
 #include "server/node_internal.h"
 #include "server/transports.h"
 #include "wire/http_status.h"
@@ -85,6 +86,14 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Open(const NodeOptions& options) {
       options.peer_transport != "http") {
     return absl::InvalidArgumentError("peer transport must be auto, fabric or http");
   }
+  std::unique_ptr<cluster::Directory> directory;
+  if (!options.directory.empty()) {
+    if (options.directory_ttl < absl::Seconds(1)) {
+      return absl::InvalidArgumentError("the directory's TTL is at least 1 s");
+    }
+    ASSIGN_OR_RETURN(directory, cluster::Directory::Connect(
+                                    options.directory, {.token = options.directory_token}));
+  }
   std::unique_ptr<Node> node(new Node(options));
   node->memory_limit_ =
       options.memory_limit != 0
@@ -117,10 +126,15 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Open(const NodeOptions& options) {
   node->fabric_ = MakeFabricTransport(*node->engine_);
   node->http_ = MakeHttpTransport();
   node->serve_queue_ = std::make_unique<WorkQueue>(ServeThreads(options.serve_threads));
+  if (directory) {
+    node->membership_ = std::make_unique<cluster::Membership>(
+        std::move(directory), node->id(), options.directory_ttl);
+  }
   return node;
 }
 
 Node::~Node() {
+  if (membership_) membership_->Leave();
   {
     absl::MutexLock lock(&mu_);
     auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pulls_in_flight_ == 0; };
@@ -146,7 +160,46 @@ absl::Status Node::Accepting() const {
   return absl::UnavailableError(absl::StrCat("node ", id(), " is draining"));
 }
 
-void Node::Drain() { draining_ = true; }
+void Node::Drain() {
+  draining_ = true;
+  // Pulls by name go elsewhere from now on; those running here finish.
+  if (membership_) membership_->Leave();
+}
+
+nlohmann::json Node::DirectoryRecord(const std::string& url, const std::string& state) const {
+  nlohmann::json record = ToJson(Info());
+  record["url"] = url;
+  record["labels"] = options_.labels;
+  record["state"] = state;
+  record["started_ms"] = absl::ToUnixMillis(absl::Now());
+  return record;
+}
+
+absl::Status Node::Join(const std::string& url) {
+  if (!membership_) return absl::FailedPreconditionError("the node has no directory");
+  membership_->Join(DirectoryRecord(url, "ready"));
+  // What the node holds already: the latest version of each object.
+  std::string after;
+  for (;;) {
+    ASSIGN_OR_RETURN(std::vector<metadata::ObjectRecord> page, catalog_->List("", after, 1000));
+    for (const metadata::ObjectRecord& r : page) membership_->Hold(r.name, r.version, r.size);
+    if (page.size() < 1000) return absl::OkStatus();
+    after = page.back().name;
+  }
+}
+
+absl::StatusOr<std::vector<cluster::NodeEntry>> Node::Cluster() {
+  if (!membership_) return absl::FailedPreconditionError("the node has no directory");
+  return membership_->Nodes();
+}
+
+std::string Node::directory_url() const {
+  return membership_ ? membership_->directory().url() : std::string();
+}
+
+std::string Node::directory_state() {
+  return membership_ ? membership_->state() : std::string();
+}
 
 bool Node::AwaitPulls(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
@@ -362,8 +415,15 @@ absl::StatusOr<ObjectInfo> Node::Publish(const std::string& name, const Layout& 
                                      {.meta = options.meta,
                                       .content_type = options.content_type,
                                       .crc32c = crc32c,
-                                      .if_latest = options.if_latest}));
+                                      .if_latest = options.if_latest,
+                                      .version = options.version}));
   ReleaseLocked(released);
+  if (membership_ && options.announce) {
+    membership_->Hold(r.name, r.version, r.size);
+    if (options_.keep_versions > 0 && r.version > options_.keep_versions) {
+      membership_->Release(r.name, r.version - options_.keep_versions);
+    }
+  }
   return View(r, /*with_extents=*/true);
 }
 
@@ -409,6 +469,7 @@ absl::StatusOr<std::vector<ObjectInfo>> Node::List(const std::string& prefix,
 absl::Status Node::Delete(const std::string& name, std::optional<uint64_t> if_latest) {
   std::set<uint64_t> released;
   RETURN_IF_ERROR(catalog_->Delete(name, &released, if_latest));
+  if (membership_) membership_->Release(name);
   absl::MutexLock lock(&mu_);
   ReleaseLocked(released);
   return absl::OkStatus();

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "cluster/member.h"
 #include "engine/cuda.h"
 #include "engine/engine.h"
 #include "ferry/layout.h"
@@ -75,6 +76,17 @@ struct NodeOptions {
   // Count what the node does for /metrics (its rails too: EngineOptions::counters). false:
   // nothing is counted, to measure what counting costs. Default: true.
   bool metrics = true;
+  // The cluster's directory: etcd://host:port[,...] (etcd) or http://host:port (a ferryd with
+  // --serve-directory). With one the node can Join it, and pulls that name no source ask
+  // it for holders. Empty: none; pulls name their source. Default: empty.
+  std::string directory;
+  // The bearer token for a ferryd directory. Default: none.
+  std::string directory_token;
+  // The lease the node's records live under: a node that dies leaves the directory within
+  // it. Default: 5 s.
+  absl::Duration directory_ttl = absl::Seconds(5);
+  // Labels of this node in the directory (a distribution may pick nodes by them).
+  std::map<std::string, std::string> labels;
 };
 
 struct RegionInfo {
@@ -116,6 +128,11 @@ struct PublishOptions {
   // Publish only if the name's latest version is this one (0: only if it has none); else
   // kFailedPrecondition (HTTP 412) and nothing changes. Default: no condition.
   std::optional<uint64_t> if_latest;
+  // Publish as this version number (a replica of another node's version): kFailedPrecondition
+  // (HTTP 412) unless above the latest here. Default: the next one.
+  std::optional<uint64_t> version;
+  // With a directory: list this node there as a holder of the version. Default: true.
+  bool announce = true;
 };
 
 // A pull under way. Thread-safe.
@@ -267,9 +284,23 @@ class Node {
   using Reply = std::function<void(std::string)>;
   void HandleMessage(std::string_view sender, std::string sealed, Reply reply);
 
+  // --- Cluster. ---
+  // Puts this node in the directory (NodeOptions::directory), reachable over HTTP at `url`,
+  // with the latest version of each of its objects, and keeps it there until Drain or the
+  // node's end. kFailedPrecondition: the node has no directory. The directory need not
+  // answer yet: the node joins when it does.
+  absl::Status Join(const std::string& url);
+  // What the directory says of the cluster: its nodes and what they hold.
+  // kFailedPrecondition: no directory. kUnavailable: it cannot be reached.
+  absl::StatusOr<std::vector<cluster::NodeEntry>> Cluster();
+  // The directory's URL and this node's standing in it ("joined", why not, ...); empty
+  // without a directory.
+  std::string directory_url() const;
+  std::string directory_state();
+
   // --- Drain. ---
   // From now on new pulls (either side), uploads and publishes are refused with kUnavailable;
-  // those running go on. For good: a node drains to stop.
+  // those running go on; the node leaves the directory. For good: a node drains to stop.
   void Drain();
   bool draining() const { return draining_.load(); }
   // Waits until no pull runs on this node (true) or `deadline` passes (false).
@@ -296,6 +327,18 @@ class Node {
                                      std::optional<uint32_t> crc32c);
   // kUnavailable while draining.
   absl::Status Accepting() const;
+  // A pull that names no source: from the directory's holders in turn (RankedHolders) until
+  // one delivers, within the pull's deadline.
+  absl::StatusOr<PullStats> PullByName(const PullSpec& spec);
+  // The holders of the spec's object (other nodes), best first: same host, then fewest pulls
+  // of this node from them, then random. kNotFound: none; kUnavailable: no directory answer.
+  absl::StatusOr<std::vector<cluster::Holder>> RankedHolders(const PullSpec& spec);
+  // The spec with its best holder as the source (and that holder's version).
+  absl::StatusOr<PullSpec> FromBestHolder(const PullSpec& spec);
+  // The spec's deadline from now: its own, or the node's default, at most the node's longest.
+  absl::Duration TimeoutOf(const PullSpec& spec) const;
+  // The node's record in the directory.
+  nlohmann::json DirectoryRecord(const std::string& url, const std::string& state) const;
   struct PullTarget;
   struct Session;
   struct ServedPull;
@@ -485,6 +528,7 @@ class Node {
   std::atomic<bool> stopping_{false};  // the destructor has begun
   std::atomic<bool> draining_{false};
   NodeMetrics metrics_;
+  std::unique_ptr<cluster::Membership> membership_;  // with a directory
   mutable absl::Mutex mu_;
   std::map<uint64_t, Region> regions_ ABSL_GUARDED_BY(mu_);
   // Regions allocated for objects whose last version went.

@@ -6,7 +6,9 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "server/node.h"
 #include "server/node_internal.h"
@@ -344,8 +346,102 @@ void Node::CloseWindows(const std::vector<uint64_t>& ids, bool wait) {
 // --- Pulls. ---
 
 absl::StatusOr<PullStats> Node::Pull(const PullSpec& spec) {
+  if (spec.from.empty()) return PullByName(spec);
   ASSIGN_OR_RETURN(std::unique_ptr<PullHandle> handle, PullAsync(spec));
   return handle->Wait();
+}
+
+absl::StatusOr<std::vector<cluster::Holder>> Node::RankedHolders(const PullSpec& spec) {
+  if (!membership_) {
+    return absl::InvalidArgumentError(
+        "a pull names its source (\"from\") unless the node has a directory (--directory)");
+  }
+  RETURN_IF_ERROR(metadata::ValidateObjectName(spec.object));
+  absl::StatusOr<std::vector<cluster::Holder>> holders =
+      membership_->Holders(spec.object, spec.version);
+  if (!holders.ok()) {
+    return WithContext(holders.status(), absl::StrCat("looking up holders of '", spec.object, "'"));
+  }
+  std::erase_if(*holders, [this](const cluster::Holder& h) { return h.node == id(); });
+  if (holders->empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no other node in the directory holds '", spec.object, "'",
+                     spec.version ? absl::StrCat(" version ", *spec.version) : ""));
+  }
+  std::map<std::string, int> busy;  // this node's pulls running, by source
+  {
+    absl::MutexLock lock(&running_mu_);
+    for (const auto& [key, state] : running_) {
+      if (auto st = state.lock()) ++busy[st->spec.from];
+    }
+  }
+  const std::string host = HostId();
+  absl::BitGen random;
+  std::vector<std::tuple<bool, int, uint64_t, size_t>> order;
+  for (size_t i = 0; i < holders->size(); ++i) {
+    const cluster::Holder& h = (*holders)[i];
+    order.emplace_back(h.host != host, busy[h.url], absl::Uniform<uint64_t>(random), i);
+  }
+  std::sort(order.begin(), order.end());
+  std::vector<cluster::Holder> out;
+  for (const auto& o : order) out.push_back(std::move((*holders)[std::get<3>(o)]));
+  return out;
+}
+
+absl::StatusOr<PullSpec> Node::FromBestHolder(const PullSpec& spec) {
+  ASSIGN_OR_RETURN(std::vector<cluster::Holder> holders, RankedHolders(spec));
+  PullSpec named = spec;
+  named.from = holders.front().url;
+  named.version = holders.front().version;
+  return named;
+}
+
+absl::Duration Node::TimeoutOf(const PullSpec& spec) const {
+  if (spec.timeout_ms == 0) return options_.pull_timeout;
+  return std::min(absl::Milliseconds(static_cast<int64_t>(
+                      std::min<uint64_t>(spec.timeout_ms, uint64_t{1} << 40))),
+                  options_.max_pull_timeout);
+}
+
+absl::StatusOr<PullStats> Node::PullByName(const PullSpec& spec) {
+  const absl::Time deadline = absl::Now() + TimeoutOf(spec);
+  ASSIGN_OR_RETURN(std::vector<cluster::Holder> holders, RankedHolders(spec));
+  std::vector<std::string> tried;
+  absl::Status last;
+  for (const cluster::Holder& h : holders) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      last = absl::DeadlineExceededError("the pull's deadline passed");
+      break;
+    }
+    PullSpec one = spec;
+    one.from = h.url;
+    one.version = h.version;  // every try takes the same version
+    one.timeout_ms = static_cast<uint64_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(left)));
+    absl::StatusOr<PullStats> r = Pull(one);
+    if (r.ok()) {
+      r->source = h.url;
+      r->tried = std::move(tried);
+      return r;
+    }
+    last = r.status();
+    // The holder's failures send the pull to the next one; the request's own do not.
+    switch (last.code()) {
+      case absl::StatusCode::kInvalidArgument:
+      case absl::StatusCode::kAlreadyExists:
+      case absl::StatusCode::kResourceExhausted:
+      case absl::StatusCode::kCancelled:
+      case absl::StatusCode::kUnimplemented:
+        return last;
+      default:
+        break;
+    }
+    tried.push_back(absl::StrCat(h.node, " at ", h.url, ": ", last.message()));
+  }
+  return absl::Status(
+      absl::IsDeadlineExceeded(last) ? last.code() : absl::StatusCode::kUnavailable,
+      absl::StrCat("pull of '", spec.object, "' by name: ", tried.size(), " of ", holders.size(),
+                   " holder(s) failed: ", absl::StrJoin(tried, "; ")));
 }
 
 std::vector<absl::StatusOr<PullStats>> Node::PullBatch(const std::vector<PullSpec>& specs) {
@@ -354,7 +450,10 @@ std::vector<absl::StatusOr<PullStats>> Node::PullBatch(const std::vector<PullSpe
   // Prepared one by one; then one message per source carries its requests.
   std::map<Session*, std::vector<size_t>> by_source;
   for (size_t i = 0; i < specs.size(); ++i) {
-    auto state = PreparePull(specs[i]);
+    // By name: the best holder of each, as PullAsync takes it.
+    absl::StatusOr<PullSpec> named =
+        specs[i].from.empty() ? FromBestHolder(specs[i]) : absl::StatusOr<PullSpec>(specs[i]);
+    auto state = named.ok() ? PreparePull(*named) : named.status();
     if (!state.ok()) {
       out[i] = state.status();
       continue;
@@ -402,6 +501,11 @@ std::vector<absl::StatusOr<PullStats>> Node::PullBatch(const std::vector<PullSpe
 }
 
 absl::StatusOr<std::unique_ptr<PullHandle>> Node::PullAsync(const PullSpec& spec) {
+  if (spec.from.empty()) {
+    // Asynchronous pulls by name take the best holder and stay with it (Pull tries the next).
+    ASSIGN_OR_RETURN(PullSpec named, FromBestHolder(spec));
+    return PullAsync(named);
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<PullHandle::State> state, PreparePull(spec));
   SendPull(state);
   return std::unique_ptr<PullHandle>(new PullHandle(state->id, state));
@@ -470,14 +574,8 @@ absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePullUncounted(
   st->part.extents = spec.source_extents;
   ASSIGN_OR_RETURN(const std::optional<PullPath> forced, ParsePath(spec.path));
   st->forced = forced.has_value();
-  const absl::Duration timeout =
-      spec.timeout_ms > 0
-          ? std::min(absl::Milliseconds(static_cast<int64_t>(
-                         std::min<uint64_t>(spec.timeout_ms, uint64_t{1} << 40))),
-                     options_.max_pull_timeout)
-          : options_.pull_timeout;
   st->start = absl::Now();
-  st->deadline = st->start + timeout;
+  st->deadline = st->start + TimeoutOf(spec);
   st->in_flight = std::make_unique<PullInFlight>(this);
   ASSIGN_OR_RETURN(st->session, SessionFor(spec.from, st->deadline));
   std::optional<ObjectInfo> described;
@@ -910,8 +1008,20 @@ absl::StatusOr<PullStats> Node::FinishPull(PullHandle::State& st, bool cancelled
     // Staged bytes are in place only once this side has copied the last chunk in.
     if (st.path == PullPath::kStaged) stats->seconds = absl::ToDoubleSeconds(absl::Now() - st.start);
     if (st.new_region) {
-      auto published = Publish(st.spec.as.empty() ? st.spec.object : st.spec.as,
-                               Layout(st.local), {.replace = st.spec.replace, .durable = st.spec.durable});
+      const std::string target = st.spec.as.empty() ? st.spec.object : st.spec.as;
+      PublishOptions publish = {.replace = st.spec.replace, .durable = st.spec.durable,
+                                .announce = st.spec.announce};
+      // A replica keeps the source's version number, so that the directory's holders of a
+      // version hold the same bytes; not when this node has that version or a later one.
+      if (membership_ && st.spec.announce && target == st.spec.object) {
+        auto mine = catalog_->Get(target);
+        if (!mine.ok() || (*mine)->version < stats->version) {
+          publish.version = stats->version;
+        } else {
+          publish.announce = false;
+        }
+      }
+      auto published = Publish(target, Layout(st.local), publish);
       if (!published.ok()) {
         stats = published.status();
       } else {

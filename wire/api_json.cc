@@ -108,6 +108,11 @@ nlohmann::json ToJson(const PullStats& s) {
                                              : 0.0}};
   if (s.region) j["region"] = *s.region;
   if (!s.fallback.empty()) j["fallback"] = s.fallback;
+  // A pull by name says which holder delivered and which failed before it.
+  if (!s.source.empty()) {
+    j["source"] = s.source;
+    j["tried"] = s.tried;
+  }
   return j;
 }
 
@@ -129,6 +134,8 @@ absl::StatusOr<PullStats> PullStatsFromJson(const nlohmann::json& j) {
     if (j.contains("failed_rails")) s.failed_rails = j["failed_rails"].get<std::vector<size_t>>();
     if (j.contains("rail_seconds")) s.rail_seconds = j["rail_seconds"].get<std::vector<double>>();
     if (j.contains("region")) s.region = j["region"].get<uint64_t>();
+    s.source = j.value("source", std::string());
+    if (j.contains("tried")) s.tried = j["tried"].get<std::vector<std::string>>();
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("pull stats: ", e.what()));
   }
@@ -212,10 +219,10 @@ absl::StatusOr<PullSpec> PullSpecFromJson(const nlohmann::json& j, uint64_t max_
   PullSpec spec;
   auto from = j.find("from");
   auto object = j.find("object");
-  if (from == j.end() || !from->is_string() || object == j.end() || !object->is_string()) {
-    return absl::InvalidArgumentError("\"from\" and \"object\" must be strings");
+  if ((from != j.end() && !from->is_string()) || object == j.end() || !object->is_string()) {
+    return absl::InvalidArgumentError("\"object\" (and \"from\", when given) must be strings");
   }
-  spec.from = from->get<std::string>();
+  if (from != j.end()) spec.from = from->get<std::string>();
   spec.object = object->get<std::string>();
   if (j.contains("version")) {
     ASSIGN_OR_RETURN(uint64_t v, UnsignedField(j, "version"));
@@ -226,13 +233,14 @@ absl::StatusOr<PullSpec> PullSpecFromJson(const nlohmann::json& j, uint64_t max_
     if (!j["as"].is_string()) return absl::InvalidArgumentError("\"as\" must be a string");
     spec.as = j["as"].get<std::string>();
   }
-  for (const char* flag : {"replace", "durable"}) {
+  for (const char* flag : {"replace", "durable", "announce"}) {
     if (j.contains(flag) && !j[flag].is_boolean()) {
       return absl::InvalidArgumentError(absl::StrCat("\"", flag, "\" must be true or false"));
     }
   }
   spec.replace = j.value("replace", false);
   spec.durable = j.value("durable", true);
+  spec.announce = j.value("announce", true);
   if (j.contains("path")) {
     if (!j["path"].is_string()) return absl::InvalidArgumentError("\"path\" must be a string");
     spec.path = j["path"].get<std::string>();
@@ -293,8 +301,10 @@ absl::StatusOr<PullSpec> PullSpecFromJson(const nlohmann::json& j, uint64_t max_
 }
 
 nlohmann::json ToJson(const PullSpec& spec) {
-  nlohmann::json j = {{"from", spec.from}, {"object", spec.object}, {"path", spec.path},
+  nlohmann::json j = {{"object", spec.object}, {"path", spec.path},
                       {"replace", spec.replace}, {"durable", spec.durable}};
+  if (!spec.from.empty()) j["from"] = spec.from;
+  if (!spec.announce) j["announce"] = false;
   if (spec.version) j["version"] = *spec.version;
   if (!spec.as.empty()) j["as"] = spec.as;
   if (spec.timeout_ms > 0) j["timeout_ms"] = spec.timeout_ms;

@@ -47,7 +47,7 @@ def _meta_text(meta: Any) -> bytes | None:
     return None if meta is None else json.dumps(meta, separators=(",", ":")).encode()
 
 
-def _spec(source: str, name: str, *, node: "Node | None" = None, into: Any = None, version: int | None = None,
+def _spec(source: str | None, name: str, *, node: "Node | None" = None, into: Any = None, version: int | None = None,
           byte_range: tuple[int, int] | None = None, source_extents: Sequence[int] | None = None,
           new_buffer: str | None = None, as_: str | None = None, replace: bool = False,
           durable: bool = True, indices: Sequence[int] | Any = None, path: str = "auto",
@@ -183,9 +183,11 @@ class Client:
         return _json_out(lib.ferry_client_publish, self._h, _enc(name), ctypes.byref(c),
                          int(replace), int(durable), _meta_text(meta))
 
-    def pull(self, name: str, source: str, *, as_: str | None = None, device: str = "host",
-             replace: bool = False, path: str = "auto", **kw: Any) -> PullStats:
-        """Makes this client's node pull `name` from `source` into a new buffer on `device`."""
+    def pull(self, name: str, source: str | None = None, *, as_: str | None = None,
+             device: str = "host", replace: bool = False, path: str = "auto",
+             **kw: Any) -> PullStats:
+        """Makes this client's node pull `name` from `source` into a new buffer on `device`
+        (source None: from a holder the node's directory names)."""
         s, keep = _spec(source, name, new_buffer=device, as_=as_, replace=replace, path=path, **kw)
         out = _lib.PullStats()
         _check(lib.ferry_client_pull(self._h, ctypes.byref(s), ctypes.byref(out)))
@@ -384,8 +386,9 @@ class Node:
         return Prepared(self, handle.value, lay)
 
     # Pulls.
-    def pull(self, source: str, name: str, into: Any = None, **kw: Any) -> PullStats:
-        """Pulls object `name` from the node at `source` into `into` (a Layout, a Region,
+    def pull(self, source: str | None, name: str, into: Any = None, **kw: Any) -> PullStats:
+        """Pulls object `name` from the node at `source` (None: from a holder the node's
+        directory names) into `into` (a Layout, a Region,
         extents, tensors or buffers, or a Prepared; or new_buffer="host"/"cuda:N"). Keywords: version,
         byte_range=(offset, length), source_extents, indices (of a Prepared), path, timeout_ms,
         as_, replace, durable."""
@@ -396,7 +399,7 @@ class Node:
 
     pull_into = pull
 
-    def pull_async(self, source: str, name: str, into: Any = None, **kw: Any) -> PullFuture:
+    def pull_async(self, source: str | None, name: str, into: Any = None, **kw: Any) -> PullFuture:
         """As pull; returns once the request is on its way."""
         s, keep = _spec(source, name, node=self, into=into, **kw)
         h = ctypes.c_void_p()

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -18,6 +19,21 @@
 #include "ferry/types.h"
 
 namespace ferry {
+
+// A node as the cluster's directory shows it (GET /v1/cluster).
+struct ClusterNode {
+  std::string id;
+  std::string url;
+  std::string host;
+  std::string state;  // "ready", ...
+  std::map<std::string, std::string> labels;
+  struct Held {
+    std::string name;
+    uint64_t version = 0;
+    uint64_t size = 0;
+  };
+  std::vector<Held> objects;
+};
 
 // Called now and then during long transfers with bytes done and bytes in all (0 if unknown).
 using Progress = std::function<void(uint64_t done, uint64_t total)>;
@@ -78,6 +94,9 @@ class Client {
   // Several pulls in one request: each item's result, in order.
   absl::StatusOr<std::vector<absl::StatusOr<PullStats>>> PullBatch(
       const std::vector<PullSpec>& specs);
+  // The nodes of the node's directory and what they hold. kFailedPrecondition: the node has
+  // no directory; kUnavailable: the directory cannot be reached.
+  absl::StatusOr<std::vector<ClusterNode>> Cluster();
 
  private:
   struct Impl;

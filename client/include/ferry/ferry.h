@@ -73,7 +73,7 @@ typedef struct ferry_layout {
 /* A pull (ferry/pull.h). Zero it, then set what it needs. Where the bytes go, exactly one
  * of: new_buffer_device, `into` (runs), `prepared`. */
 typedef struct ferry_pull_spec {
-  const char* from;    /* the source node, http://host:port */
+  const char* from;    /* the source node, http://host:port; NULL or "": a holder the directory names */
   const char* object;
   uint64_t version;    /* 0: the latest */
   uint64_t range_offset, range_length; /* part of the object when range_length > 0 */

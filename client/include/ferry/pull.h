@@ -14,7 +14,8 @@
 namespace ferry {
 
 struct PullSpec {
-  // The source node, http://host:port.
+  // The source node, http://host:port. Empty: a holder of the object that the node's
+  // directory names (same host first, then the least busy; the next one if it fails).
   std::string from;
   std::string object;
   std::optional<uint64_t> version;  // Default: the latest
@@ -30,6 +31,11 @@ struct PullSpec {
   std::string as;
   bool replace = false;
   bool durable = true;
+  // With a directory: the new buffer is listed there as this node's (so later pulls may come
+  // from it), and under the object's own name it keeps the source's version number (a
+  // replica of that version) unless this node has that version or a later one. false: not
+  // listed. Default: true.
+  bool announce = true;
   // - a layout over this node's regions;
   Layout into;
   // - a prepared destination of this node: all its pieces, or those `indices` name.

@@ -89,6 +89,10 @@ struct PullStats {
   std::string via;                   // how the nodes talked: "fabric", "http" or "local"
   // Why the pull ended on `path` after another failed (empty: the first path carried it).
   std::string fallback;
+  // A pull by name (no "from"): the holder the bytes came from, and those tried before it,
+  // each as "node at url: why it failed".
+  std::string source;
+  std::vector<std::string> tried;
 };
 
 // True when [offset, offset + length) lies inside [0, region_length), without overflow.
