@@ -201,6 +201,7 @@ int main(int argc, char** argv) {
 
   // Bound first: the node's URL (and its own directory's) has the port in it.
   httplib::Server server;
+  ferry::server::SetSocketOptions(server);
   const int bound = port == 0 ? server.bind_to_any_port(host.c_str())
                               : (server.bind_to_port(host.c_str(), port) ? port : -1);
   if (bound < 0) {

@@ -1,6 +1,7 @@
 #include "server/http_api.h"
 
 #include <httplib.h>
+#include <netinet/tcp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -503,6 +504,14 @@ void StopOnceRunning(httplib::Server& server) {
   server.stop();
 }
 
+void SetSocketOptions(httplib::Server& server) {
+  server.set_socket_options([](socket_t sock) {
+    int on = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+  });
+}
+
 void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& options) {
   server.set_payload_max_length(options.max_body);
   // httplib's stop() waits for idle keep-alive connections to time out: a short idle timeout
@@ -511,8 +520,7 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
   // httplib closes a kept connection after a few requests by default: each client and peer
   // would connect again every few requests.
   server.set_keep_alive_max_count(kKeepAliveRequests);
-  // Without it a kept connection's next answer waits for the client's delayed ACK (Nagle).
-  server.set_tcp_nodelay(true);
+  SetSocketOptions(server);
   // Requests of the methods with bodies are checked by their routes (Guarded).
   server.set_pre_routing_handler([options](const httplib::Request& req, httplib::Response& res) {
     // Content-Length given twice with different values: where the body ends is unknown, so

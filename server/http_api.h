@@ -29,8 +29,15 @@ struct HttpOptions {
   cluster::DirectoryStore* directory = nullptr;
 };
 
-// Installs every route on `server`; `node` must outlive it.
+// Installs every route on `server`; `node` must outlive it. Binding after it sets the
+// server's sockets up too (SetSocketOptions).
 void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& options);
+
+// The options of the sockets `server` binds from now on: SO_REUSEADDR, and TCP_NODELAY, which
+// accepted connections inherit (httplib 0.11's set_tcp_nodelay sets it on no server socket:
+// without it the body of every answer after a connection's first few waits for the client's
+// delayed ACK, 40 ms on Linux).
+void SetSocketOptions(httplib::Server& server);
 
 // The status page GET / serves: one HTML page that reads the JSON API.
 const char* StatusPage();

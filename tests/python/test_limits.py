@@ -46,3 +46,12 @@ def test_uploads_and_pulls_into_new_buffers_past_it_are_refused(small, tmp_path)
         assert stats.bytes == 16 * MiB
     finally:
         assert source.stop() == 0
+
+
+def test_a_second_ferryd_on_a_port_in_use_stops_with_the_reason(small, tmp_path):
+    import subprocess
+    r = subprocess.run([str(helpers.FERRYD), "--listen", small.info["listen"], "--data-dir",
+                        str(tmp_path / "second"), "--provider", "tcp"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "cannot listen" in r.stderr, r.stderr
+    assert call(small.url + "/v1/health")[0] == 200
