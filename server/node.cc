@@ -418,8 +418,9 @@ absl::StatusOr<ObjectInfo> Node::Publish(const std::string& name, const Layout& 
                                       .if_latest = options.if_latest,
                                       .version = options.version}));
   ReleaseLocked(released);
-  if (membership_ && options.announce) {
-    membership_->Hold(r.name, r.version, r.size);
+  if (membership_) {
+    if (options.announce) membership_->Hold(r.name, r.version, r.size);
+    // The versions the catalog dropped are held no more, announced or not.
     if (options_.keep_versions > 0 && r.version > options_.keep_versions) {
       membership_->Release(r.name, r.version - options_.keep_versions);
     }

@@ -218,6 +218,21 @@ def test_a_pull_by_name_takes_a_holders_version_and_the_puller_becomes_a_holder(
     assert status == 400 and body["error"]["code"] == "INVALID_ARGUMENT", body
 
 
+def test_a_version_the_catalog_drops_leaves_the_directory_announced_or_not(nodes):
+    a = nodes.start("a")
+    b = nodes.start("b", 30, "--keep-versions", "1")
+    ferry.Client(a.url).put("w", pattern(MiB).tobytes())
+    wait_until(lambda: holds(b, a, "w") == 1, "a holding w")
+    assert pull(b, {"object": "w"})[0] == 200
+    wait_until(lambda: holds(a, b, "w") == 1, "b holding w 1")
+    # Pulled again with replace: b has version 1 already, so the copy is b's own version 2,
+    # not announced, and version 1 goes (--keep-versions 1): b holds nothing others name.
+    status, _, stats = pull(b, {"from": a.url, "object": "w", "replace": True})
+    assert status == 200, stats
+    assert ferry.Client(b.url).stat("w")["version"] == 2
+    wait_until(lambda: holds(a, b, "w") is None, "b's version 1 gone from the directory")
+
+
 def test_the_chosen_holder_killed_mid_pull_and_the_pull_completes_from_another(nodes):
     a = nodes.start("a")
     b = nodes.start("b")
