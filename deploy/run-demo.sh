@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# README's main-job command: installs what is missing, builds, and runs ferry-demo: two ferryd
-# on loopback (own data dirs, embedded RocksDB); a non-contiguous 256 MiB object (4096 pieces of
-# 64 KiB in shuffled order) is published on A, pulled by B over RDMA WRITEs (libfabric tcp
-# provider, 4 rails), read back from B over REST and checked byte for byte; both nodes stop.
+# README's main-job command: installs what is missing, builds, and runs ferry-demo: four ferryd
+# on loopback (own data dirs, embedded RocksDB), D keeping the cluster's directory; a
+# non-contiguous 256 MiB object (4096 pieces of 64 KiB in shuffled order) is published on A,
+# pulled by B from A over RDMA WRITEs (libfabric tcp provider, 4 rails) and by C by name; A is
+# killed and D pulls it by name from a replica; every copy is read back over REST and checked
+# byte for byte; the nodes stop.
 # Extra flags go to ferry-demo (--size, --piece, --rails).
 set -euo pipefail
 cd "$(dirname "$0")/.."

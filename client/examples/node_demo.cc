@@ -1,7 +1,9 @@
-// ferry-demo: the main job on one machine. Starts two ferryd (own data dirs, embedded
-// RocksDB) on loopback, uploads bytes to node A and publishes a non-contiguous object over
-// them, makes node B pull it over RDMA WRITEs (libfabric tcp provider), reads it back from B
-// over REST, checks every byte, prints what happened and how fast, and stops both nodes.
+// ferry-demo: the main job on one machine. Starts four ferryd (own data dirs, embedded
+// RocksDB) on loopback, D keeping the cluster's directory and the others joining it; uploads
+// bytes to node A and publishes a non-contiguous object over them, makes node B pull it from A
+// over RDMA WRITEs (libfabric tcp provider) and C pull it by name from a holder the directory
+// names; kills A and has D pull it by name from a replica; reads every copy back over REST,
+// checks every byte, prints what happened and how fast, and stops the nodes.
 #include <signal.h>
 #include <unistd.h>
 
@@ -9,11 +11,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <ostream>
 #include <random>
 #include <streambuf>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
@@ -23,9 +27,12 @@
 namespace {
 
 absl::StatusOr<ferry::testing::FerrydProcess> StartFerryd(const std::string& ferryd,
-                                                         const std::string& dir, size_t rails) {
-  return ferry::testing::StartFerryd(ferryd, {"--data-dir", dir, "--provider", "tcp", "--domain",
-                                              "lo", "--rails", std::to_string(rails)});
+                                                         const std::string& dir, size_t rails,
+                                                         std::vector<std::string> extra) {
+  std::vector<std::string> args = {"--data-dir", dir, "--provider", "tcp", "--domain", "lo",
+                                   "--rails", std::to_string(rails)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return ferry::testing::StartFerryd(ferryd, args);
 }
 
 // An ostream sink that checks what is written against `want` as it arrives, instead of
@@ -66,13 +73,63 @@ class CompareBuf : public std::streambuf {
 
 double Gbps(uint64_t bytes, double s) { return s > 0 ? static_cast<double>(bytes) * 8 / s / 1e9 : 0; }
 
+// Reads `name` back from the node over REST, checking every byte against `want` as it comes;
+// the seconds it took. kDataLoss: a byte differs.
+absl::StatusOr<double> ReadBack(ferry::Client& c, const std::string& name, std::string_view want) {
+  CompareBuf compare(want);
+  std::ostream back(&compare);
+  const absl::Time t = absl::Now();
+  const absl::Status got = c.Get(name, back);
+  if (!got.ok() && !compare.diverged()) return got;
+  if (compare.diverged() || compare.matched() != want.size()) {
+    return absl::DataLossError("the copy differs from A's object from byte " +
+                               std::to_string(compare.matched()) + " on");
+  }
+  return absl::ToDoubleSeconds(absl::Now() - t);
+}
+
+// Waits (at most `limit`) until the directory, as `c`'s node sees it, says `holds(nodes)`.
+bool AwaitCluster(ferry::Client& c, absl::Duration limit,
+                  const std::function<bool(const std::vector<ferry::ClusterNode>&)>& holds) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (absl::Now() < deadline) {
+    auto nodes = c.Cluster();
+    if (nodes.ok() && holds(*nodes)) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+bool Holds(const std::vector<ferry::ClusterNode>& nodes, const std::string& id,
+           const std::string& name) {
+  for (const ferry::ClusterNode& n : nodes) {
+    if (n.id != id) continue;
+    for (const auto& o : n.objects) {
+      if (o.name == name) return true;
+    }
+  }
+  return false;
+}
+
+bool Listed(const std::vector<ferry::ClusterNode>& nodes, const std::string& id) {
+  return std::any_of(nodes.begin(), nodes.end(),
+                     [&id](const ferry::ClusterNode& n) { return n.id == id; });
+}
+
+void PrintPull(const char* who, const char* how, const ferry::PullStats& p, double wall) {
+  std::printf("%s: %s over %s, %zu rails: %llu bytes in %.3f s on the wire = %.2f Gbit/s; %.3f s for the whole HTTP request (%.2f Gbit/s)\n",
+              who, how, p.path.c_str(), p.bytes_per_rail.size(),
+              static_cast<unsigned long long>(p.bytes), p.seconds, Gbps(p.bytes, p.seconds), wall,
+              Gbps(p.bytes, wall));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   uint64_t size = 256 << 20, piece = 64 << 10;
   size_t rails = 4;
   std::string ferryd;
-  CLI::App app{"ferry demo: two ferryd on loopback; B pulls a non-contiguous object from A"};
+  CLI::App app{"ferry demo: four ferryd on loopback with a directory; a non-contiguous object pulled from A, then by name"};
   app.add_option("--size", size, "object bytes")->capture_default_str();
   app.add_option("--piece", piece, "bytes per extent of the object's layout")->capture_default_str();
   app.add_option("--rails", rails, "rails per node")->capture_default_str();
@@ -88,18 +145,32 @@ int main(int argc, char** argv) {
   }
   const auto dir = std::filesystem::temp_directory_path() / ("ferry-demo-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  auto a = StartFerryd(ferryd, (dir / "a").string(), rails);
-  auto b = StartFerryd(ferryd, (dir / "b").string(), rails);
-  if (!a.ok() || !b.ok()) {
-    std::fprintf(stderr, "cannot start ferryd: %s %s\n", a.status().ToString().c_str(),
-                 b.status().ToString().c_str());
+  // D keeps the directory; A, B and C join it with a 2 s lease, so that a node that dies leaves
+  // it within 2 s.
+  auto d = StartFerryd(ferryd, (dir / "d").string(), rails, {"--serve-directory"});
+  if (!d.ok()) {
+    std::fprintf(stderr, "cannot start ferryd: %s\n", d.status().ToString().c_str());
     return 1;
   }
-  std::printf("node A %s at %s, node B %s at %s (%zu tcp rails each, RocksDB catalogs in %s)\n",
-              a->id.c_str(), a->url.c_str(), b->id.c_str(), b->url.c_str(), rails, dir.c_str());
+  const std::vector<std::string> join = {"--directory", d->url, "--directory-ttl-s", "2"};
+  auto a = StartFerryd(ferryd, (dir / "a").string(), rails, join);
+  auto b = StartFerryd(ferryd, (dir / "b").string(), rails, join);
+  auto c = StartFerryd(ferryd, (dir / "c").string(), rails, join);
+  if (!a.ok() || !b.ok() || !c.ok()) {
+    std::fprintf(stderr, "cannot start ferryd: %s %s %s\n", a.status().ToString().c_str(),
+                 b.status().ToString().c_str(), c.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("node A %s at %s, node B %s at %s, node C %s at %s, node D %s at %s keeping the "
+              "directory (%zu tcp rails each, RocksDB catalogs in %s)\n",
+              a->id.c_str(), a->url.c_str(), b->id.c_str(), b->url.c_str(), c->id.c_str(),
+              c->url.c_str(), d->id.c_str(), d->url.c_str(), rails, dir.c_str());
   auto ca = ferry::Client::Connect(a->url);
   auto cb = ferry::Client::Connect(b->url);
+  auto cc = ferry::Client::Connect(c->url);
+  auto cd = ferry::Client::Connect(d->url);
   int rc = 1;
+  bool a_alive = true;
   do {
     // Bytes on A, and a layout over them: every piece of the buffer in a shuffled order.
     std::mt19937_64 rng(static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
@@ -120,41 +191,77 @@ int main(int argc, char** argv) {
     std::printf("A: uploaded %llu bytes over REST in %.2f s; published demo/kv-pages: %zu extents of %llu bytes in shuffled order\n",
                 static_cast<unsigned long long>(size), put_s, layout.size(),
                 static_cast<unsigned long long>(piece));
-    // B pulls it (twice: the first pull of a fresh buffer is the cold one).
-    for (int i = 1; i <= 2; ++i) {
-      t = absl::Now();
-      auto pulled = (*cb)->Pull("demo/kv-pages", a->url, i == 1 ? "" : "demo/kv-pages", i > 1);
-      const double wall = absl::ToDoubleSeconds(absl::Now() - t);
-      if (!pulled.ok()) { std::fprintf(stderr, "pull: %s\n", pulled.status().ToString().c_str()); break; }
-      std::printf("B: pull %d over %s, %zu rails: %llu bytes in %.3f s on the wire = %.2f Gbit/s; %.3f s for the whole HTTP request (%.2f Gbit/s)\n",
-                  i, pulled->path.c_str(), pulled->bytes_per_rail.size(),
-                  static_cast<unsigned long long>(pulled->bytes), pulled->seconds,
-                  Gbps(pulled->bytes, pulled->seconds), wall, Gbps(pulled->bytes, wall));
-    }
-    // Read it back from B over REST and check every byte against the layout on A as it comes.
     std::string want;
     want.reserve(size);
     for (const ferry::Extent& e : layout) want.append(bytes, e.offset, e.length);
-    CompareBuf compare(want);
-    std::ostream back(&compare);
-    t = absl::Now();
-    const absl::Status got = (*cb)->Get("demo/kv-pages", back);
-    const double get_s = absl::ToDoubleSeconds(absl::Now() - t);
-    if (!got.ok() && !compare.diverged()) {
-      std::fprintf(stderr, "get: %s\n", got.ToString().c_str());
-      break;
+    // B pulls it from A (twice: the first pull of a fresh buffer is the cold one).
+    bool pulled_ok = true;
+    for (int i = 1; i <= 2 && pulled_ok; ++i) {
+      t = absl::Now();
+      auto pulled = (*cb)->Pull("demo/kv-pages", a->url, "", i > 1);
+      const double wall = absl::ToDoubleSeconds(absl::Now() - t);
+      if (!pulled.ok()) {
+        std::fprintf(stderr, "pull: %s\n", pulled.status().ToString().c_str());
+        pulled_ok = false;
+        break;
+      }
+      PrintPull("B", i == 1 ? "pull 1 from A" : "pull 2 from A", *pulled, wall);
     }
-    if (compare.diverged() || compare.matched() != want.size()) {
-      std::printf("VERIFY FAILED: B's copy differs from A's object from byte %zu on\n",
-                  compare.matched());
-      break;
-    }
+    if (!pulled_ok) break;
+    auto read = ReadBack(**cb, "demo/kv-pages", want);
+    if (!read.ok()) { std::printf("B: VERIFY FAILED: %s\n", read.status().ToString().c_str()); break; }
     std::printf("B: read back %zu bytes over REST in %.2f s; verified: every byte matches A's layout\n",
-                compare.matched(), get_s);
+                want.size(), *read);
+
+    // The cluster: C pulls by name (A and B hold it); A dies; D pulls by name from a replica.
+    if (!AwaitCluster(**cd, absl::Seconds(10), [&](const auto& nodes) {
+          return Holds(nodes, a->id, "demo/kv-pages") && Holds(nodes, b->id, "demo/kv-pages");
+        })) {
+      std::fprintf(stderr, "the directory does not list A and B as holders\n");
+      break;
+    }
+    std::printf("directory on D: A and B hold demo/kv-pages\n");
+    t = absl::Now();
+    auto by_name = (*cc)->Pull("demo/kv-pages", "", "", false);
+    double wall = absl::ToDoubleSeconds(absl::Now() - t);
+    if (!by_name.ok()) { std::fprintf(stderr, "pull by name: %s\n", by_name.status().ToString().c_str()); break; }
+    const std::string from_c = by_name->source == a->url ? "A" : by_name->source == b->url ? "B" : by_name->source;
+    PrintPull("C", ("pull by name, from " + from_c).c_str(), *by_name, wall);
+    read = ReadBack(**cc, "demo/kv-pages", want);
+    if (!read.ok()) { std::printf("C: VERIFY FAILED: %s\n", read.status().ToString().c_str()); break; }
+    std::printf("C: verified every byte\n");
+
+    a->proc->Kill(SIGKILL);
+    a->proc->Wait();
+    a_alive = false;
+    const absl::Time killed = absl::Now();
+    std::printf("A: killed (SIGKILL)\n");
+    t = absl::Now();
+    by_name = (*cd)->Pull("demo/kv-pages", "", "", false);
+    wall = absl::ToDoubleSeconds(absl::Now() - t);
+    if (!by_name.ok()) { std::fprintf(stderr, "pull by name: %s\n", by_name.status().ToString().c_str()); break; }
+    const std::string from_d = by_name->source == b->url ? "B" : by_name->source == c->url ? "C" : by_name->source;
+    PrintPull("D", ("pull by name, from replica " + from_d).c_str(), *by_name, wall);
+    for (const std::string& tried : by_name->tried) std::printf("D: tried first: %s\n", tried.c_str());
+    read = ReadBack(**cd, "demo/kv-pages", want);
+    if (!read.ok()) { std::printf("D: VERIFY FAILED: %s\n", read.status().ToString().c_str()); break; }
+    std::printf("D: verified every byte\n");
+    if (!AwaitCluster(**cd, absl::Seconds(10),
+                      [&](const auto& nodes) {
+                        return !Listed(nodes, a->id) && Holds(nodes, b->id, "demo/kv-pages") &&
+                               Holds(nodes, c->id, "demo/kv-pages") &&
+                               Holds(nodes, d->id, "demo/kv-pages");
+                      })) {
+      std::fprintf(stderr, "the directory does not show A gone and B, C, D holding 10 s after A died\n");
+      break;
+    }
+    std::printf("directory: A gone %.1f s after it died (lease 2 s); B, C and D hold demo/kv-pages\n",
+                absl::ToDoubleSeconds(absl::Now() - killed));
     rc = 0;
   } while (false);
-  const int sa = a->Stop(), sb = b->Stop();
-  std::printf("stopped both nodes (exit %d, %d)\n", WEXITSTATUS(sa), WEXITSTATUS(sb));
+  const int sa = a_alive ? a->Stop() : 0, sb = b->Stop(), sc = c->Stop(), sd = d->Stop();
+  std::printf("stopped the nodes (exit %d, %d, %d, %d)\n", WEXITSTATUS(sa), WEXITSTATUS(sb),
+              WEXITSTATUS(sc), WEXITSTATUS(sd));
   std::filesystem::remove_all(dir);
   return rc;
 }
