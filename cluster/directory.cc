@@ -59,6 +59,7 @@ absl::StatusOr<std::unique_ptr<Directory>> Directory::Connect(const std::string&
 Directory::Directory(std::string url, std::vector<std::string> endpoints,
                      const DirectoryOptions& options)
     : url_(std::move(url)), endpoints_(std::move(endpoints)), options_(options) {
+  const bool etcd = url_.rfind("etcd://", 0) == 0;
   for (const std::string& e : endpoints_) {
     auto c = std::make_unique<httplib::Client>(e);
     const auto us = absl::ToInt64Microseconds(options_.timeout);
@@ -67,7 +68,9 @@ Directory::Directory(std::string url, std::vector<std::string> endpoints,
     c->set_write_timeout(us / 1000000, us % 1000000);
     c->set_keep_alive(true);
     c->set_tcp_nodelay(true);  // a request's headers and body go in separate writes
-    if (!options_.token.empty()) c->set_bearer_token_auth(options_.token);
+    // etcd reads an Authorization header as a token of its own auth: the bearer token is for
+    // a ferryd directory only.
+    if (!options_.token.empty() && !etcd) c->set_bearer_token_auth(options_.token);
     clients_.push_back(std::move(c));
   }
 }

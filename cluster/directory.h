@@ -28,7 +28,8 @@ struct KeyValue {
 };
 
 struct DirectoryOptions {
-  // Bearer token sent to a ferryd directory (etcd ignores it). Default: none.
+  // Bearer token sent to a ferryd directory (never to etcd, which would read it as a token of
+  // its own auth). Default: none.
   std::string token;
   // Longest wait for one answer before the next endpoint is tried. Default: 2 s.
   absl::Duration timeout = absl::Seconds(2);

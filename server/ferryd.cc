@@ -208,6 +208,12 @@ int main(int argc, char** argv) {
     std::cerr << "ferryd: cannot listen on " << listen << "\n";
     return 1;
   }
+  const bool any_address = host == "0.0.0.0" || host == "::" || host.empty();
+  if (advertise.empty() && any_address && (serve_directory || !options.directory.empty())) {
+    std::cerr << "ferryd: listening on " << listen << ", other nodes cannot know this node's "
+              << "address: give --advertise-url with --directory or --serve-directory\n";
+    return 2;
+  }
   const std::string url =
       !advertise.empty() ? advertise
       : host.find(':') != std::string::npos

@@ -330,3 +330,10 @@ def test_bad_directory_flags_stop_ferryd_with_the_reason(tmp_path, flags, messag
     r = subprocess.run([str(FERRYD), "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "n"),
                         "--provider", "tcp", *flags], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and message in r.stderr, r.stderr
+
+
+def test_a_node_on_every_address_must_say_how_others_reach_it(tmp_path):
+    r = subprocess.run([str(FERRYD), "--listen", "0.0.0.0:0", "--insecure", "--data-dir",
+                        str(tmp_path / "n"), "--provider", "tcp", "--directory",
+                        "etcd://127.0.0.1:1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--advertise-url" in r.stderr, r.stderr
