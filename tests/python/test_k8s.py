@@ -71,21 +71,51 @@ def test_image_flags_port_probes_and_drain_agree_with_ferryd(tmp_path):
     assert volumes["token"]["secret"]["secretName"] == secret["metadata"]["name"]
     assert {m["name"] for m in container["volumeMounts"]} <= set(volumes)
 
+    # The directory: the example etcd's members, by the names its Service gives them.
+    etcd, service = docs["StatefulSet"], docs["Service"]
+    assert etcd["spec"]["serviceName"] == service["metadata"]["name"]
+    namespace = service["metadata"]["namespace"]
+    client_port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "client")
+    members = [f"etcd-{i}.{service['metadata']['name']}.{namespace}.svc:{client_port}"
+               for i in range(etcd["spec"]["replicas"])]
+    assert config["FERRY_DIRECTORY"] == "etcd://" + ",".join(members)
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    assert f"--advertise-url=http://$(NODE_IP):{port}" in container["args"]
+
     # ferryd started with the DaemonSet's arguments: the ConfigMap's values, this machine's
-    # provider, loopback, files here.
+    # provider, loopback, files here, and an etcd of this test's own as the directory.
     token = tmp_path / "token"
     token.write_text(secret["stringData"]["token"] + "\n")
-    local = {"FERRY_PROVIDER": "tcp", "FERRY_RAILS": "1"}
+    etcd_port, peer_port, port_here = helpers.free_port(), helpers.free_port(), helpers.free_port()
+    local = {"FERRY_PROVIDER": "tcp", "FERRY_RAILS": "1", "NODE_IP": "127.0.0.1",
+             "NODE_NAME": "worker-1", "FERRY_DIRECTORY": f"etcd://127.0.0.1:{etcd_port}"}
     args = []
     for a in container["args"]:
-        a = re.sub(r"\$\((\w+)\)", lambda m: local.get(m.group(1), config[m.group(1)]), a)
+        a = re.sub(r"\$\((\w+)\)", lambda m: {**config, **local}[m.group(1)], a)
         flag, _, value = a.partition("=")
-        value = {"--listen": "127.0.0.1:0", "--data-dir": str(tmp_path / "data"),
-                 "--token-file": str(token)}.get(flag, value)
+        value = {"--listen": f"127.0.0.1:{port_here}", "--data-dir": str(tmp_path / "data"),
+                 "--token-file": str(token),
+                 "--advertise-url": value.replace(f":{port}", f":{port_here}")}.get(flag, value)
         args.append(f"{flag}={value}" if value else flag)
+    client, peer = f"http://127.0.0.1:{etcd_port}", f"http://127.0.0.1:{peer_port}"
+    etcd_proc = subprocess.Popen(
+        ["etcd", "--name", "t", "--data-dir", str(tmp_path / "etcd"), "--listen-client-urls",
+         client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
+         "--initial-advertise-peer-urls", peer, "--initial-cluster", f"t={peer}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=TOOLS_ENV)
     node = helpers.Ready([str(helpers.FERRYD), *args])
     url = "http://" + node.info["listen"]
     try:
+        # Joined under the advertised address, with the node's name as a label.
+        auth = helpers.auth(secret["stringData"]["token"])
+        helpers.wait_until(lambda: call(url + "/v1/node", headers=auth)[2]["directory"]["state"]
+                           == "joined",
+                           "the node in the directory: "
+                           + json.dumps(call(url + "/v1/node", headers=auth)[2].get("directory")))
+        me = [n for n in call(url + "/v1/cluster", headers=auth)[2]["nodes"]
+              if n["id"] == node.info["node"]]
+        assert me and me[0]["url"] == url and me[0]["labels"] == {"k8s-node": "worker-1"}, me
         for probe in ("readinessProbe", "livenessProbe"):
             assert call(url + container[probe]["httpGet"]["path"])[0] == 200
         assert call(url + pod["metadata"]["annotations"]["prometheus.io/path"])[0] == 200
@@ -102,3 +132,5 @@ def test_image_flags_port_probes_and_drain_agree_with_ferryd(tmp_path):
         assert node.proc.wait(60) == 0
     finally:
         node.stop()
+        etcd_proc.kill()
+        etcd_proc.wait()
