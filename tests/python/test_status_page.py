@@ -70,12 +70,32 @@ def test_the_page_shows_the_node_its_rails_and_the_running_pull(tmp_path, token)
             assert all(r[2] == "tcp;ofi_rxm" for r in rails)
             assert rows(dom, "running") == [
                 ["destination", "w", a.url, "rdma", str(MiB), rows(dom, "running")[0][5]]]
-            assert ["w", "1", str(MiB), "host", "yes"] not in rows(dom, "objects")  # b's: warm
-            assert ["warm", "1", str(MiB), "host", "yes"] in rows(dom, "objects")
+            assert ["w", "1", str(MiB), "host", "yes", ""] not in rows(dom, "objects")  # b's: warm
+            assert ["warm", "1", str(MiB), "host", "yes", ""] in rows(dom, "objects")
         finally:
             held.release()
         status, _, stats = held.join()
         assert status == 200 and stats["bytes"] == MiB
+    finally:
+        assert b.stop() == 0
+        assert a.stop() == 0
+
+
+def test_with_a_directory_the_page_shows_its_state_and_each_versions_holders(tmp_path):
+    a = helpers.start_ferryd(tmp_path / "a", "--serve-directory")
+    b = helpers.start_ferryd(tmp_path / "b", "--directory", a.url)
+    try:
+        ferry.Client(a.url).put("w", pattern(MiB))
+        helpers.wait_until(lambda: any(o["name"] == "w" for n in call(b.url + "/v1/cluster")[2]["nodes"]
+                                       for o in n["objects"]), "a holding w")
+        assert call(b.url + "/v1/pulls", "POST", {"object": "w", "into": {"device": "host"}})[0] == 200
+        helpers.wait_until(lambda: sum(o["name"] == "w" for n in call(a.url + "/v1/cluster")[2]["nodes"]
+                                       for o in n["objects"]) == 2, "b holding w")
+        dom = render(a.url + "/", "status-directory.png")
+        assert f"directory {a.url} (joined)" in dom
+        row = next(r for r in rows(dom, "objects") if r[0] == "w")
+        assert row[:5] == ["w", "1", str(MiB), "host", "yes"]
+        assert sorted(row[5].split(", ")) == sorted(u.split("//")[1] for u in (a.url, b.url)), row
     finally:
         assert b.stop() == 0
         assert a.stop() == 0
