@@ -16,16 +16,6 @@ namespace {
 
 using nlohmann::json;
 
-// etcd's gateway writes 64-bit integers as strings; a ferryd directory does too. Either is read.
-int64_t Int(const json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end()) return 0;
-  if (it->is_number_integer()) return it->get<int64_t>();
-  int64_t v = 0;
-  if (it->is_string() && absl::SimpleAtoi(it->get<std::string>(), &v)) return v;
-  return 0;
-}
-
 std::string B64(const std::string& s) { return absl::Base64Escape(s); }
 
 std::string Unb64(const json& j, const char* key) {
@@ -36,6 +26,15 @@ std::string Unb64(const json& j, const char* key) {
 }
 
 }  // namespace
+
+int64_t GatewayInt(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end()) return 0;
+  if (it->is_number_integer()) return it->get<int64_t>();
+  int64_t v = 0;
+  if (it->is_string() && absl::SimpleAtoi(it->get<std::string>(), &v)) return v;
+  return 0;
+}
 
 absl::StatusOr<std::unique_ptr<Directory>> Directory::Connect(const std::string& url,
                                                               const DirectoryOptions& options) {
@@ -110,7 +109,7 @@ absl::StatusOr<std::string> Directory::Call(const std::string& path, const std::
     }
     // An error as the gateway writes it: {"error", "message", "code"} with gRPC's code, which
     // abseil's codes number the same way.
-    const int64_t code = j.is_object() ? Int(j, "code") : 0;
+    const int64_t code = j.is_object() ? GatewayInt(j, "code") : 0;
     std::string message = j.is_object() && j.contains("message") && j["message"].is_string()
                               ? j["message"].get<std::string>()
                               : r->body.substr(0, 200);
@@ -125,7 +124,7 @@ absl::StatusOr<int64_t> Directory::Grant(absl::Duration ttl) {
   const int64_t s = std::max<int64_t>(1, absl::ToInt64Seconds(ttl));
   absl::StatusOr<std::string> r = Call("/v3/lease/grant", json{{"TTL", std::to_string(s)}}.dump());
   if (!r.ok()) return r.status();
-  const int64_t id = Int(json::parse(*r, nullptr, false), "ID");
+  const int64_t id = GatewayInt(json::parse(*r, nullptr, false), "ID");
   if (id == 0) return absl::UnavailableError("directory granted no lease");
   return id;
 }
@@ -137,7 +136,7 @@ absl::StatusOr<absl::Duration> Directory::KeepAlive(int64_t lease) {
   // A stream's answer: {"result": {...}}; a lease that is gone has no TTL (or 0).
   json j = json::parse(*r, nullptr, false);
   const json& result = j.is_object() && j.contains("result") ? j["result"] : j;
-  const int64_t ttl = result.is_object() ? Int(result, "TTL") : 0;
+  const int64_t ttl = result.is_object() ? GatewayInt(result, "TTL") : 0;
   if (ttl <= 0) return absl::NotFoundError(absl::StrCat("lease ", lease, " is gone"));
   return absl::Seconds(ttl);
 }
@@ -160,7 +159,7 @@ absl::StatusOr<std::vector<KeyValue>> Directory::Range(const std::string& prefix
   std::vector<KeyValue> out;
   if (!j.is_object() || !j.contains("kvs") || !j["kvs"].is_array()) return out;
   for (const json& kv : j["kvs"]) {
-    out.push_back({Unb64(kv, "key"), Unb64(kv, "value"), Int(kv, "lease")});
+    out.push_back({Unb64(kv, "key"), Unb64(kv, "value"), GatewayInt(kv, "lease")});
   }
   return out;
 }
@@ -168,7 +167,7 @@ absl::StatusOr<std::vector<KeyValue>> Directory::Range(const std::string& prefix
 absl::StatusOr<int64_t> Directory::Delete(const std::string& key) {
   absl::StatusOr<std::string> r = Call("/v3/kv/deleterange", json{{"key", B64(key)}}.dump());
   if (!r.ok()) return r.status();
-  return Int(json::parse(*r, nullptr, false), "deleted");
+  return GatewayInt(json::parse(*r, nullptr, false), "deleted");
 }
 
 }  // namespace ferry::cluster

@@ -14,12 +14,17 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "nlohmann/json.hpp"
 
 namespace httplib {
 class Client;
 }
 
 namespace ferry::cluster {
+
+// An integer field of a gateway's JSON: etcd writes 64-bit integers as strings, a number is
+// taken too; 0 when absent or not an integer.
+int64_t GatewayInt(const nlohmann::json& j, const char* key);
 
 struct KeyValue {
   std::string key;

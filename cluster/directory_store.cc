@@ -227,15 +227,6 @@ void DirectoryStore::ExpireLoop() {
 // --- The JSON gateway's routes. ---
 namespace {
 
-int64_t JsonInt(const json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end()) return 0;
-  if (it->is_number_integer()) return it->get<int64_t>();
-  int64_t v = 0;
-  if (it->is_string() && absl::SimpleAtoi(it->get<std::string>(), &v)) return v;
-  return 0;
-}
-
 // A base64 field; false when it is there but not base64.
 bool JsonBytes(const json& j, const char* key, std::string& out) {
   auto it = j.find(key);
@@ -295,11 +286,11 @@ void InstallDirectoryRoutes(httplib::Server& server, DirectoryStore& store,
     });
   };
   route("/v3/lease/grant", [](DirectoryStore& s, const json& j) -> absl::StatusOr<json> {
-    ASSIGN_OR_RETURN(int64_t id, s.Grant(absl::Seconds(JsonInt(j, "TTL"))));
-    return json{{"ID", std::to_string(id)}, {"TTL", std::to_string(JsonInt(j, "TTL"))}};
+    ASSIGN_OR_RETURN(int64_t id, s.Grant(absl::Seconds(GatewayInt(j, "TTL"))));
+    return json{{"ID", std::to_string(id)}, {"TTL", std::to_string(GatewayInt(j, "TTL"))}};
   });
   route("/v3/lease/keepalive", [](DirectoryStore& s, const json& j) -> absl::StatusOr<json> {
-    const int64_t id = JsonInt(j, "ID");
+    const int64_t id = GatewayInt(j, "ID");
     json result = {{"ID", std::to_string(id)}};
     // As etcd: a lease that is gone is an answer without a TTL, not an error.
     absl::StatusOr<absl::Duration> ttl = s.KeepAlive(id);
@@ -307,7 +298,7 @@ void InstallDirectoryRoutes(httplib::Server& server, DirectoryStore& store,
     return json{{"result", result}};
   });
   route("/v3/lease/revoke", [](DirectoryStore& s, const json& j) -> absl::StatusOr<json> {
-    RETURN_IF_ERROR(s.Revoke(JsonInt(j, "ID")));
+    RETURN_IF_ERROR(s.Revoke(GatewayInt(j, "ID")));
     return json::object();
   });
   route("/v3/kv/put", [](DirectoryStore& s, const json& j) -> absl::StatusOr<json> {
@@ -315,7 +306,7 @@ void InstallDirectoryRoutes(httplib::Server& server, DirectoryStore& store,
     if (!JsonBytes(j, "key", key) || !JsonBytes(j, "value", value)) {
       return absl::InvalidArgumentError("key and value are base64");
     }
-    RETURN_IF_ERROR(s.Put(key, value, JsonInt(j, "lease")));
+    RETURN_IF_ERROR(s.Put(key, value, GatewayInt(j, "lease")));
     return json::object();
   });
   route("/v3/kv/range", [](DirectoryStore& s, const json& j) -> absl::StatusOr<json> {

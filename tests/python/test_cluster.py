@@ -23,16 +23,32 @@ MiB = 1 << 20
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 
 
-class EtcdDirectory:
-    """One etcd member on loopback; restart() brings it back on the same port, empty."""
+class Directory:
+    """A directory the test runs: start() brings it up empty, kill() takes it down at once."""
 
     def __init__(self, tmp: Path):
-        self.tmp, self.port, self.peer = tmp, free_port(), free_port()
-        self.url = f"etcd://127.0.0.1:{self.port}"
+        self.tmp, self.port = tmp, free_port()
         self.proc = None
         self.start()
 
+    def restart(self):
+        self.kill()
+        self.start()
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def close(self):
+        self.kill()
+
+
+class EtcdDirectory(Directory):
+    """One etcd member on loopback."""
+
     def start(self):
+        self.url = f"etcd://127.0.0.1:{self.port}"
+        self.peer = getattr(self, "peer", None) or free_port()
         data = self.tmp / "etcd"
         shutil.rmtree(data, ignore_errors=True)
         client, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer}"
@@ -41,7 +57,7 @@ class EtcdDirectory:
              "--advertise-client-urls", client, "--listen-peer-urls", peer,
              "--initial-advertise-peer-urls", peer, "--initial-cluster", f"t={peer}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: self.answers(), "etcd answering", 30)
+        wait_until(self.answers, "etcd answering", 30)
 
     def answers(self) -> bool:
         try:
@@ -49,43 +65,17 @@ class EtcdDirectory:
         except OSError:
             return False
 
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait()
 
-    def restart(self):
-        self.kill()
-        self.start()
-
-    def close(self):
-        self.kill()
-
-
-class EmbeddedDirectory:
-    """A ferryd with --serve-directory on a fixed port; restart() brings it back empty."""
-
-    def __init__(self, tmp: Path):
-        self.tmp, self.port = tmp, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.node = None
-        self.start()
+class EmbeddedDirectory(Directory):
+    """A ferryd with --serve-directory on a fixed port."""
 
     def start(self):
+        self.url = f"http://127.0.0.1:{self.port}"
         data = self.tmp / "directory-node"
         shutil.rmtree(data, ignore_errors=True)
-        self.node = Ready([str(FERRYD), "--listen", f"127.0.0.1:{self.port}", "--data-dir",
-                           str(data), "--provider", "tcp", "--serve-directory"])
-
-    def kill(self):
-        self.node.proc.kill()
-        self.node.proc.wait()
-
-    def restart(self):
-        self.kill()
-        self.start()
-
-    def close(self):
-        self.node.stop()
+        node = Ready([str(FERRYD), "--listen", f"127.0.0.1:{self.port}", "--data-dir",
+                      str(data), "--provider", "tcp", "--serve-directory"])
+        self.proc = node.proc
 
 
 @pytest.fixture(params=["embedded", "etcd"])
