@@ -35,8 +35,8 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
 
 // The options of the sockets `server` binds from now on: SO_REUSEADDR, and TCP_NODELAY, which
 // accepted connections inherit (httplib 0.11's set_tcp_nodelay sets it on no server socket:
-// without it the body of every answer after a connection's first few waits for the client's
-// delayed ACK, 40 ms on Linux).
+// without it the body of an answer on a kept connection can wait for the client's delayed
+// ACK).
 void SetSocketOptions(httplib::Server& server);
 
 // The status page GET / serves: one HTML page that reads the JSON API.
