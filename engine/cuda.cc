@@ -1,6 +1,7 @@
 // engine/cuda.h with the CUDA runtime (builds that found the toolkit).
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -57,19 +58,24 @@ int SmCount(int device) {
 
 using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
 
+// A driver API function by name (the runtime links no libcuda), or nullptr.
+void* DriverFn(const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    return nullptr;
+  }
+  return p;
+}
+
 GetAddressRange AddressRangeFn() {
-  static GetAddressRange fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      return GetAddressRange{nullptr};
-    }
-    return reinterpret_cast<GetAddressRange>(p);
-  }();
+  static GetAddressRange fn = reinterpret_cast<GetAddressRange>(DriverFn("cuMemGetAddressRange"));
   return fn;
 }
+
+using GetHandleForAddressRange = CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType,
+                                              unsigned long long);  // NOLINT(runtime/int)
 
 }  // namespace
 
@@ -158,6 +164,26 @@ absl::StatusOr<CudaIpcExport> CudaExportIpc(const void* ptr) {
   return CudaIpcExport{HexEncode(std::string_view(h.reserved, sizeof(h.reserved))),
                        reinterpret_cast<uint64_t>(ptr) - base,
                        HexEncode(std::string_view(prop.uuid.bytes, sizeof(prop.uuid.bytes)))};
+}
+
+absl::StatusOr<CudaDmabuf> CudaExportDmabuf(const void* ptr, size_t length) {
+  static auto fn =
+      reinterpret_cast<GetHandleForAddressRange>(DriverFn("cuMemGetHandleForAddressRange"));
+  if (fn == nullptr) return absl::UnimplementedError("cuMemGetHandleForAddressRange is not available");
+  cudaPointerAttributes attr{};
+  FERRY_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, ptr), "cudaPointerGetAttributes");
+  if (attr.type != cudaMemoryTypeDevice) return absl::InvalidArgumentError("not GPU memory");
+  FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(attr.device), "cudaSetDevice");
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t start = reinterpret_cast<uint64_t>(ptr);
+  const uint64_t base = start / page * page;
+  const uint64_t end = (start + length + page - 1) / page * page;
+  int fd = -1;
+  const CUresult r = fn(&fd, base, end - base, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+  if (r != CUDA_SUCCESS) {
+    return absl::UnavailableError(absl::StrCat("cuMemGetHandleForAddressRange: CUresult ", r));
+  }
+  return CudaDmabuf{fd, reinterpret_cast<void*>(base), end - base};
 }
 
 absl::StatusOr<int> CudaDeviceByUuid(const std::string& uuid) {

@@ -41,6 +41,17 @@ struct CudaIpcExport {
   std::string gpu;
 };
 absl::StatusOr<CudaIpcExport> CudaExportIpc(const void* ptr);
+// A dma-buf of the device memory around [ptr, ptr + length) (what a NIC driver imports to
+// register GPU memory): `fd`, which the caller closes, covers [base, base + size), the range
+// widened to host pages as the driver asks; ptr lies at ptr - base in it. kUnimplemented:
+// built without CUDA, or a driver without the call; kUnavailable: the driver refused (no
+// dma-buf support, or a range across allocations).
+struct CudaDmabuf {
+  int fd = -1;
+  void* base = nullptr;
+  uint64_t size = 0;
+};
+absl::StatusOr<CudaDmabuf> CudaExportDmabuf(const void* ptr, size_t length);
 // This process's number for the GPU with `uuid` (hex). kNotFound when it has none.
 absl::StatusOr<int> CudaDeviceByUuid(const std::string& uuid);
 // Lets kernels on GPU `from` read and write GPU `to` (no-op when they are the same).

@@ -19,6 +19,7 @@ absl::StatusOr<void*> CudaHostAlloc(size_t) { return NoCuda(); }
 void CudaHostFree(void*) {}
 absl::Status CudaCopy(void*, const void*, size_t) { return NoCuda(); }
 absl::StatusOr<CudaIpcExport> CudaExportIpc(const void*) { return NoCuda(); }
+absl::StatusOr<CudaDmabuf> CudaExportDmabuf(const void*, size_t) { return NoCuda(); }
 absl::StatusOr<int> CudaDeviceByUuid(const std::string&) { return NoCuda(); }
 absl::Status CudaEnablePeerAccess(int, int) { return NoCuda(); }
 

@@ -885,6 +885,7 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
             " of ", it->second->length, " bytes"));
       }
       local.try_emplace(e.region, LocalRegion{it->second->addr, it->second->descs});
+      if (it->second->device.kind == Device::Kind::kCuda) state->from_gpu = true;
     }
     ASSIGN_OR_RETURN(Plan plan, MakePlan(req.src, req.dst, {rails_.size(), max_write_, max_iov_}));
     if (plan.writes == 0 && req.immediate) {

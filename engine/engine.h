@@ -67,6 +67,9 @@ struct EngineOptions {
   // block once no data has waited on a rail's fd for 50 us (less CPU on a slow link, less
   // throughput on a fast one). Default: true.
   bool spin_while_awake = true;
+  // GPU memory is registered as a dma-buf where this libfabric and the driver take one
+  // (FI_MR_DMABUF); false: always by address. Default: true.
+  bool hmem_dmabuf = true;
   // true: each rail's CQ has a wait fd, so that an idle progress thread blocks in the kernel
   // until the provider has something for it. false: the rails' CQs have no wait objects and
   // the engine sleeps on its bell instead: one more endpoint (on the first rail's domain, no
@@ -107,10 +110,11 @@ struct EngineOptions {
   absl::Duration rail_stall_timeout = absl::Seconds(2);
   absl::Duration rail_backoff = absl::Seconds(1);
   absl::Duration rail_backoff_max = absl::Seconds(30);
-  // Tests only: called on a progress thread before each WRITE is posted, with the engine rail;
-  // a negative libfabric error code fails the post with it (a NIC that refuses posts), which
-  // the real providers cannot be made to do on demand. Default: none.
-  std::function<int(size_t rail)> post_fault;
+  // Tests only: called on a progress thread before each WRITE is posted, with the engine rail
+  // and whether the WRITE reads GPU memory; a negative libfabric error code fails the post
+  // with it (a NIC that refuses posts, a provider that claims FI_HMEM and cannot move GPU
+  // memory), which the real providers cannot be made to do on demand. Default: none.
+  std::function<int(size_t rail, bool from_gpu)> post_fault;
   // Called on a progress thread for every control message a peer sends (put together from its
   // frames): the sender's node id and the payload. Must not block. Default: none (messages
   // are dropped).
@@ -146,6 +150,9 @@ struct RailInfo {
   // not (for example "fi_mr_regattr: Function not implemented").
   bool hmem_cuda = false;
   std::string hmem_cuda_error;
+  // ... and takes it as dma-bufs (FI_MR_DMABUF, libfabric 1.20 and later; what EFA uses on
+  // current kernels), else by address.
+  bool hmem_dmabuf = false;
   // Where the topology put it ("gpu0, numa 0, cores 0,1,2"); empty when it was not placed.
   std::string placement;
 };

@@ -20,8 +20,13 @@
 
 namespace ferry::engine {
 
-// The libfabric API version ferry asks for (Debian 12 ships 1.17).
+// The libfabric API version ferry asks for: 1.17 (Debian 12's), or 1.20 where the headers
+// have dma-buf registration (FI_MR_DMABUF), which providers honour only from 1.20.
+#ifdef FI_MR_DMABUF
+inline constexpr uint32_t kFiVersion = FI_VERSION(1, 20);
+#else
 inline constexpr uint32_t kFiVersion = FI_VERSION(1, 17);
+#endif
 
 // Sets ferry's defaults for the provider parameters the user has not set in the environment
 // (FI_OFI_RXM_RX_SIZE, FI_OFI_RXM_MSG_RX_SIZE: 128; FI_TCP_PREFETCH_RBUF_SIZE: 0). They take

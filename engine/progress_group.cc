@@ -161,7 +161,7 @@ absl::Status ProgressGroup::OpenRails(std::vector<InfoPtr> infos) {
 absl::StatusOr<std::unique_ptr<ProgressGroup::RailState>> ProgressGroup::OpenRail(
     const fi_info& info, bool wait_fd, size_t nrecv) {
   auto rs = std::make_unique<RailState>();
-  ASSIGN_OR_RETURN(rs->rail, Rail::Open(info, options_.tx_depth, wait_fd));
+  ASSIGN_OR_RETURN(rs->rail, Rail::Open(info, options_.tx_depth, wait_fd, options_.hmem_dmabuf));
   rs->depth = rs->rail->rail_info().tx_depth;
   rs->arena.resize((nrecv + kSendSlots) * control_slot_);
   ASSIGN_OR_RETURN(rs->arena_mr,
@@ -627,7 +627,9 @@ bool ProgressGroup::PostWrites(size_t index) {
     if (op->deliver && rs.rail->rail_info().delivery_complete) flags |= FI_DELIVERY_COMPLETE;
     if (more) flags |= FI_MORE;
     if (op->immediate) flags |= FI_REMOTE_CQ_DATA;
-    ssize_t rc = options_.post_fault ? options_.post_fault(engine_->EngineRail(index_, index)) : 0;
+    ssize_t rc = options_.post_fault ? options_.post_fault(engine_->EngineRail(index_, index),
+                                                           op->part->transfer->from_gpu)
+                                     : 0;
     if (rc == 0) rc = fi_writemsg(rs.rail->ep(), &msg, flags);
     if (rc == -FI_EAGAIN) {
       --rs.in_flight;
@@ -636,7 +638,14 @@ bool ProgressGroup::PostWrites(size_t index) {
       break;
     }
     if (burst == kPostBurst) burst = 0;
-    if (rc != 0) {
+    if (rc != 0 && op->part->transfer->from_gpu) {
+      // As a failed completion (OnWriteDone): the transfer fails, the rail stays up.
+      op->posted = true;
+      Count(rs.counts.posted_bytes, op->length);
+      OpPosted(rs, op->dest);
+      OnWriteDone(op, FiError(rc, "fi_writemsg"));
+      next = QueueFront(rs);
+    } else if (rc != 0) {
       // Refused at post time: the rail failed for the peer (tcp answers -ENETUNREACH when the
       // link is gone), as a failed completion says. The WRITE and the rail's other queued
       // WRITEs to the peer go elsewhere.
@@ -875,8 +884,10 @@ void ProgressGroup::OnWriteDone(WriteOp* op, const absl::Status& status) {
     return;
   }
   // A rail that loses a WRITE (the path, not the request, failed) goes down, and the WRITE
-  // goes again on another rail.
-  if (IsRailFailure(status) && !t->finished.load(std::memory_order_acquire)) {
+  // goes again on another rail. Not a WRITE of GPU memory: a provider that claims FI_HMEM and
+  // cannot move it fails on every rail alike, and rails taken down for it would stall the
+  // staged pull the destination retries with; such a transfer fails at once.
+  if (IsRailFailure(status) && !t->from_gpu && !t->finished.load(std::memory_order_acquire)) {
     RailDown(op->rail, t->peer, status);
     Resend(part, {op});
     --part->unresolved;

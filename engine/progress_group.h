@@ -114,6 +114,7 @@ struct TransferState {
   absl::Time deadline;
   Engine* engine = nullptr;
   bool counted = false;  // in the engine's count of the peer's live transfers
+  bool from_gpu = false;  // a source region is GPU memory
   std::vector<RegionId> pinned;  // released once every part has retired
   // What a part on any group needs to address its WRITEs (Engine::FillPart): the peer's
   // address per engine rail, each source region's descriptor per engine rail, the

@@ -39,7 +39,7 @@ int RemoveShmLeftovers(pid_t pid) {
 uint64_t RandomMrKey() { return RandomU64(); }
 
 absl::StatusOr<std::unique_ptr<Rail>> Rail::Open(const fi_info& info, size_t tx_depth,
-                                                 bool wait_fd) {
+                                                 bool wait_fd, bool dmabuf) {
   std::unique_ptr<Rail> rail(new Rail());
   rail->info_.reset(fi_dupinfo(&info));
   if (!rail->info_) return absl::ResourceExhaustedError("fi_dupinfo failed");
@@ -116,7 +116,7 @@ absl::StatusOr<std::unique_ptr<Rail>> Rail::Open(const fi_info& info, size_t tx_
   ri.delivery_complete = (fi->tx_attr->op_flags & FI_DELIVERY_COMPLETE) != 0;
   ri.ordered_writes = (fi->tx_attr->msg_order & FI_ORDER_RMA_WAW) != 0;
   ri.max_order_waw_size = fi->ep_attr->max_order_waw_size;
-  rail->ProbeCuda();
+  rail->ProbeCuda(dmabuf);
   return rail;
 }
 
@@ -146,7 +146,11 @@ absl::StatusOr<RailMr> Rail::Register(void* addr, size_t length, uint64_t reques
     attr.device.cuda = device.index;
   }
   fid_mr* mr = nullptr;
-  int rc = fi_mr_regattr(domain_.get(), &attr, 0, &mr);
+  int rc = -FI_ENOSYS;
+  if (device.kind == Device::Kind::kCuda && rail_info_.hmem_dmabuf) {
+    rc = RegisterDmabuf(attr, addr, length, &mr);
+  }
+  if (rc != 0) rc = fi_mr_regattr(domain_.get(), &attr, 0, &mr);
   if (rc != 0) {
     absl::Status s = FiError(rc, "fi_mr_regattr");
     if (s.code() == absl::StatusCode::kInternal) return absl::ResourceExhaustedError(s.message());
@@ -171,7 +175,26 @@ absl::StatusOr<RailMr> Rail::Register(void* addr, size_t length, uint64_t reques
   return out;
 }
 
-void Rail::ProbeCuda() {
+int Rail::RegisterDmabuf(fi_mr_attr attr, void* addr, size_t length, fid_mr** mr) {
+#ifdef FI_MR_DMABUF
+  auto buf = CudaExportDmabuf(addr, length);
+  if (!buf.ok()) return -FI_ENOSYS;
+  fi_mr_dmabuf dmabuf = {};
+  dmabuf.fd = buf->fd;
+  dmabuf.offset = static_cast<uint64_t>(static_cast<char*>(addr) - static_cast<char*>(buf->base));
+  dmabuf.len = length;
+  dmabuf.base_addr = buf->base;
+  attr.dmabuf = &dmabuf;
+  const int rc = fi_mr_regattr(domain_.get(), &attr, FI_MR_DMABUF, mr);
+  close(buf->fd);  // a provider that imports the dma-buf holds its own reference
+  return rc;
+#else
+  (void)attr, (void)addr, (void)length, (void)mr;
+  return -FI_ENOSYS;
+#endif
+}
+
+void Rail::ProbeCuda(bool dmabuf) {
   RailInfo& ri = rail_info_;
   if (CudaDeviceCount() == 0) {
     ri.hmem_cuda_error = CudaBuilt() ? "no GPU" : "built without CUDA";
@@ -190,8 +213,23 @@ void Rail::ProbeCuda() {
     ri.hmem_cuda_error = std::string(buf.status().message());
     return;
   }
+  fid_mr* probe = nullptr;
+  fi_mr_attr attr = {};
+  attr.iov_count = 1;
+  attr.access = FI_WRITE | FI_REMOTE_WRITE;
+  attr.requested_key = RandomMrKey();
+  attr.iface = FI_HMEM_CUDA;
+  attr.device.cuda = 0;
+  // Only where the provider addresses registered memory by virtual address: libfabric 2.6's
+  // util MR map (shm, tcp) keeps a wrong offset for a dma-buf otherwise, and WRITEs into it
+  // land elsewhere (seen with shm: 1 GiB arrived with every page wrong). Those providers turn
+  // a dma-buf back into its address anyway; what needs one is a NIC that imports it (EFA).
+  ri.hmem_dmabuf = dmabuf && (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0 &&
+                   RegisterDmabuf(attr, *buf, kProbeBytes, &probe) == 0;
+  if (probe != nullptr) CloseFid(&probe->fid, "fi_close(mr)");
   auto mr = Register(*buf, kProbeBytes, RandomMrKey(), FI_WRITE | FI_REMOTE_WRITE, Device::Cuda(0));
   ri.hmem_cuda = mr.ok();
+  if (!ri.hmem_cuda) ri.hmem_dmabuf = false;
   if (!mr.ok()) ri.hmem_cuda_error = std::string(mr.status().message());
   if (mr.ok()) mr->mr.reset();
   CudaFree(*buf);

@@ -40,8 +40,9 @@ class Rail {
  public:
   // Opens every object in dependency order; what was opened closes itself on failure.
   // `tx_depth` 0 means the provider's tx size.
+  // `dmabuf`: GPU memory may be registered as dma-bufs (EngineOptions::hmem_dmabuf).
   static absl::StatusOr<std::unique_ptr<Rail>> Open(const fi_info& info, size_t tx_depth,
-                                                    bool wait_fd);
+                                                    bool wait_fd, bool dmabuf = true);
   // The endpoint closes first, then CQ, AV, domain and fabric (fi_endpoint(3), fi_domain(3)).
   ~Rail() = default;
   Rail(const Rail&) = delete;
@@ -51,7 +52,8 @@ class Rail {
   // for local WRITE sources and messages, FI_REMOTE_WRITE for what peers WRITE into; nothing
   // is ever remotely readable). Without FI_MR_PROV_KEY the requested key must be unique in the
   // domain (fi_mr(3)): the caller passes a random one. Device memory goes with FI_HMEM_CUDA,
-  // which only a CUDA-enabled libfabric accepts.
+  // which only a CUDA-enabled libfabric accepts: as a dma-buf where the probe found that
+  // works (rail_info().hmem_dmabuf), else by address.
   absl::StatusOr<RailMr> Register(void* addr, size_t length, uint64_t requested_key,
                                   uint64_t access, Device device = Device::Host());
 
@@ -69,8 +71,12 @@ class Rail {
 
  private:
   Rail() = default;
-  // Sets rail_info_.hmem_cuda by registering a small GPU buffer (when there is a GPU).
-  void ProbeCuda();
+  // Sets rail_info_.hmem_cuda and hmem_dmabuf by registering a small GPU buffer (when there
+  // is a GPU).
+  void ProbeCuda(bool dmabuf);
+  // fi_mr_regattr of GPU memory as a dma-buf: a libfabric error code, or -FI_ENOSYS where
+  // this libfabric or the driver has none.
+  int RegisterDmabuf(fi_mr_attr attr, void* addr, size_t length, fid_mr** mr);
 
   InfoPtr info_;
   FidPtr<fid_fabric> fabric_;

@@ -27,7 +27,8 @@ nlohmann::json ToJson(const NodeInfo& n) {
                            {"tx_depth", r.tx_depth},
                            {"max_msg_size", r.max_msg_size},
                            {"iov_limit", r.iov_limit},
-                           {"hmem_cuda", r.hmem_cuda}};
+                           {"hmem_cuda", r.hmem_cuda},
+                           {"hmem_dmabuf", r.hmem_dmabuf}};
     if (!r.hmem_cuda) rail["hmem_cuda_error"] = r.hmem_cuda_error;
     if (!r.placement.empty()) rail["placement"] = r.placement;
     rails.push_back(std::move(rail));

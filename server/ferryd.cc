@@ -1,6 +1,7 @@
 // ferryd: a ferry node as a daemon. See --help.
 #include <httplib.h>
 #include <malloc.h>
+#include <rdma/fi_errno.h>
 #include <signal.h>
 
 #include <fstream>
@@ -74,6 +75,15 @@ int main(int argc, char** argv) {
                  "during a pull into this node, poll the rails without pausing (false: block "
                  "when no data waits; less CPU, less throughput on fast links)")
       ->capture_default_str();
+  app.add_option("--hmem-dmabuf", options.engine.hmem_dmabuf,
+                 "register GPU memory on the rails as dma-bufs where libfabric and the driver "
+                 "take them (false: by address)")
+      ->capture_default_str();
+  bool fail_gpu_writes = false;
+  app.add_flag("--test-fail-gpu-writes", fail_gpu_writes,
+               "tests only: every WRITE from GPU memory fails (FI_EIO), as with a provider that "
+               "claims FI_HMEM and cannot move GPU memory")
+      ->group("");
   app.add_option("--max-write", options.engine.max_write, "longest WRITE, bytes")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 30));
@@ -146,6 +156,9 @@ int main(int argc, char** argv) {
   options.memory_limit = memory_limit_mb << 20;
   options.engine.rail_stall_timeout = absl::Milliseconds(stall_ms);
   options.engine.rail_backoff = absl::Milliseconds(backoff_ms);
+  if (fail_gpu_writes) {
+    options.engine.post_fault = [](size_t, bool from_gpu) { return from_gpu ? -FI_EIO : 0; };
+  }
 
   const size_t colon = listen.rfind(':');
   int port = 0;

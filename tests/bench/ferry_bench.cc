@@ -571,6 +571,7 @@ int main(int argc, char** argv) {
   gpu->add_option("--iters", gf.iters, "timed pulls per layout (median)");
   gpu->add_option("--staged", gf.staged, "also force the staged path (true/false)");
   gpu->add_option("--ferryd", gf.ferryd, "ferryd to start");
+  gpu->add_option("--ferryd-arg", gf.ferryd_args, "one more argument for both ferryd (repeatable)");
   gpu->add_flag("--json", gf.json, "one JSON object per row");
 #endif
   CLI11_PARSE(app, argc, argv);

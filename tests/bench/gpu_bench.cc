@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <numeric>
@@ -159,6 +160,7 @@ int RunGpuBench(const GpuFlags& f) {
     std::vector<std::string> args = {"--data-dir", (dir / name).string(), "--provider", f.provider,
                                      "--rails", std::to_string(f.rails)};
     if (f.provider == "tcp") args.insert(args.end(), {"--domain", "lo"});
+    args.insert(args.end(), f.ferryd_args.begin(), f.ferryd_args.end());
     auto p = testing::StartFerryd(f.ferryd, args);
     if (!p.ok()) {
       std::cerr << p.status() << "\n";
@@ -202,9 +204,26 @@ int RunGpuBench(const GpuFlags& f) {
         absl::StrCat("cudaMemcpyPeerAsync per piece, ", n, " x ", f.size / n, " B shuffled, ",
                      src_dev, " -> ", dst_dev, ": ", gb / base->peer_per_piece[i], " GB/s"));
   }
-  const uint64_t src_region = NewRegion(ca, src_dev, f.size);
+  // The source region holds random bytes (an upload), so that every layout's pull can be
+  // checked byte for byte.
+  uint64_t src_region = 0;
+  {
+    std::string bytes(f.size, '\0');
+    std::mt19937_64 rng(3);
+    for (size_t i = 0; i + 8 <= bytes.size(); i += 8) {
+      const uint64_t v = rng();
+      std::memcpy(&bytes[i], &v, 8);
+    }
+    auto up = ca.Put(("/v1/objects/gpu-bytes/data?device=" + src_dev).c_str(), bytes,
+                     "application/octet-stream");
+    if (!up || up->status != 201) {
+      std::cerr << "upload: " << (up ? up->body : "no answer") << "\n";
+      return 1;
+    }
+    src_region = json::parse(up->body)["extents"][0]["region"].get<uint64_t>();
+  }
   const uint64_t dst_region = NewRegion(cb, dst_dev, f.size);
-  if (src_region == 0 || dst_region == 0) return 1;
+  if (dst_region == 0) return 1;
   struct Layout {
     std::string name;
     uint64_t pieces;
@@ -222,6 +241,7 @@ int RunGpuBench(const GpuFlags& f) {
       layouts.push_back({pieces == 1 ? "contiguous" : "scattered", pieces, path});
     }
   }
+  bool mismatches = false;
   for (const Layout& l : layouts) {
     const std::string name = absl::StrCat("gpu-", l.pieces);
     auto put = ca.Put(("/v1/objects/" + name + "?replace=true").c_str(),
@@ -231,10 +251,11 @@ int RunGpuBench(const GpuFlags& f) {
       std::cerr << "publish: " << (put ? put->body : "no answer") << "\n";
       return 1;
     }
+    const json dst_extents = Scattered(dst_region, f.size, l.pieces, 2);
     const std::string body = json{{"from", a.url},
                                   {"object", name},
                                   {"path", l.path},
-                                  {"into", {{"extents", Scattered(dst_region, f.size, l.pieces, 2)}}}}
+                                  {"into", {{"extents", dst_extents}}}}
                                  .dump();
     std::vector<double> wall, copy;
     std::string path;
@@ -253,6 +274,34 @@ int RunGpuBench(const GpuFlags& f) {
       wall.push_back(seconds);
       copy.push_back(stats["seconds"].get<double>());
     }
+    // What landed, read back through an object over B's extents, against the source object.
+    auto landed = cb.Put("/v1/objects/gpu-landed?replace=true",
+                         json{{"extents", dst_extents}}.dump(), "application/json");
+    auto got = cb.Get("/v1/objects/gpu-landed/data");
+    auto want = ca.Get(("/v1/objects/" + name + "/data").c_str());
+    const bool read = landed && landed->status == 201 && got && want && got->status == 200 &&
+                      want->status == 200 && got->body.size() == want->body.size();
+    const bool match = read && got->body == want->body;
+    cb.Delete("/v1/objects/gpu-landed");  // the next pull writes into these extents again
+    if (!match) {
+      mismatches = true;
+      std::cerr << l.name << " " << l.pieces << " via " << path << ": ";
+      if (!read) {
+        std::cerr << "could not read the bytes back\n";
+      } else {
+        uint64_t first = 0, pages = 0;  // the first byte and the 4 KiB pages that differ
+        for (uint64_t off = 0; off < got->body.size(); off += 4096) {
+          const uint64_t n = std::min<uint64_t>(4096, got->body.size() - off);
+          if (std::memcmp(got->body.data() + off, want->body.data() + off, n) == 0) continue;
+          if (pages++ == 0) {
+            first = off;
+            while (got->body[first] == want->body[first]) ++first;
+          }
+        }
+        std::cerr << pages << " of " << got->body.size() / 4096 << " 4 KiB pages differ, the "
+                  << "first byte at " << first << "\n";
+      }
+    }
     const double w = gb / Median(wall), c = gb / Median(copy);
     const double vs_peer = base->peer / Median(wall);
     row({{"bench", "gpu_pull"},
@@ -267,13 +316,14 @@ int RunGpuBench(const GpuFlags& f) {
          {"gb_per_sec", w},
          {"copy_gb_per_sec", c},
          {"vs_memcpy_peer", vs_peer},
-         {"vs_d2h", base->d2h / Median(wall)}},
+         {"vs_d2h", base->d2h / Median(wall)},
+         {"bytes_match", match}},
         absl::StrCat(l.name, " ", l.pieces, " x ", f.size / l.pieces, " B via ", path, ": ", w,
                      " GB/s end to end (", c, " GB/s copy), ", vs_peer,
-                     "x cudaMemcpyPeer"));
+                     "x cudaMemcpyPeer, bytes ", match ? "match" : "DIFFER"));
   }
   std::filesystem::remove_all(dir);
-  return 0;
+  return mismatches ? 1 : 0;
 }
 
 }  // namespace ferry::bench

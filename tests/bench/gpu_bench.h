@@ -17,6 +17,7 @@ struct GpuFlags {
   int iters = 5;
   bool staged = true;  // also force the staged path (tcp between the two processes)
   bool json = false;
+  std::vector<std::string> ferryd_args;  // more arguments for both ferryd
 };
 
 int RunGpuBench(const GpuFlags& flags);

@@ -549,7 +549,7 @@ TEST_P(EngineTest, WritesRefusedAtPostTimeMoveToTheOtherRailsOrFailAsUnavailable
   EngineOptions o = Options(GetParam());
   o.rail_backoff = absl::Milliseconds(50);
   o.rail_backoff_max = absl::Milliseconds(50);
-  o.post_fault = [refusing](size_t rail) {
+  o.post_fault = [refusing](size_t rail, bool) {
     return (refusing->load() >> rail) & 1 ? -FI_ENETUNREACH : 0;
   };
   engine_.reset();

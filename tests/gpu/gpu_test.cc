@@ -38,14 +38,21 @@ class GpuTest : public ::testing::Test {
     dst_ = gpus > 1 ? "cuda:1" : "cuda:0";
     dir_ = std::filesystem::temp_directory_path() / ("ferry-gpu-test-" + std::to_string(getpid()));
     std::filesystem::remove_all(dir_);
-    for (auto [node, name] : {std::pair<testing::FerrydProcess*, const char*>{&a_, "a"}, {&b_, "b"}}) {
-      // Small rings (4 x 256 KiB) so that the staged path wraps them many times.
-      auto p = testing::StartFerryd(Ferryd(), {"--data-dir", (dir_ / name).string(), "--domain",
-                                               "lo", "--rails", "2", "--staging-slots", "4",
-                                               "--staging-slot-kib", "256"});
-      ASSERT_TRUE(p.ok()) << p.status();
-      *node = std::move(*p);
-    }
+    ASSERT_NO_FATAL_FAILURE(Start(a_, "a"));
+    ASSERT_NO_FATAL_FAILURE(Start(b_, "b"));
+  }
+  // Starts `node` on tcp over lo, or on `provider` ("shm").
+  void Start(testing::FerrydProcess& node, const std::string& name,
+             const std::vector<std::string>& more = {}, const std::string& provider = "tcp") {
+    // Small rings (4 x 256 KiB) so that the staged path wraps them many times.
+    std::vector<std::string> args = {"--data-dir", (dir_ / name).string(), "--provider", provider,
+                                     "--rails", "2", "--staging-slots", "4",
+                                     "--staging-slot-kib", "256"};
+    if (provider == "tcp") args.insert(args.end(), {"--domain", "lo"});
+    args.insert(args.end(), more.begin(), more.end());
+    auto p = testing::StartFerryd(Ferryd(), args);
+    ASSERT_TRUE(p.ok()) << p.status();
+    node = std::move(*p);
   }
   void TearDown() override {
     if (a_.proc) a_.Stop();
@@ -245,6 +252,45 @@ TEST_F(GpuTest, WhatCannotWorkIsRefusedWithItsReason) {
     EXPECT_FALSE(node["rails"][0]["hmem_cuda_error"].get<std::string>().empty()) << node;
   }
   EXPECT_THAT(node["devices"].dump(), ::testing::HasSubstr("cuda:0"));
+}
+
+// A provider that registers GPU memory and then fails to move it (the source's WRITEs from GPU
+// memory refused, as libfabric 2.6's shm did on an endpoint without FI_HMEM): a pull that
+// chose rdma by itself is made again on the staged path, completes byte for byte, and says
+// why; one that asked for rdma by name gets the reason; pulls after it still work.
+TEST_F(GpuTest, AProviderThatFailsGpuWritesEndsInAStagedPullThatCompletes) {
+  std::string provider = "tcp";
+  if (!HmemOnRails()) {  // shm may carry it where tcp does not
+    provider = "shm";
+    b_.Stop();
+    ASSERT_NO_FATAL_FAILURE(Start(b_, "b", {}, provider));
+    if (!HmemOnRails()) GTEST_SKIP() << "no rails here carry GPU memory (no FI_HMEM with CUDA)";
+  }
+  a_.Stop();
+  ASSERT_NO_FATAL_FAILURE(Start(a_, "a", {"--test-fail-gpu-writes"}, provider));
+  const std::string gpu = MakeObject(a_, src_, "g", 6);
+  const std::string host = MakeObject(a_, "host", "h", 7);
+  ASSERT_FALSE(gpu.empty());
+  ASSERT_FALSE(host.empty());
+  auto c = Client(b_);
+  for (int i = 0; i < 2; ++i) {  // the second one meets whatever the first left behind
+    const std::string as = "g-host-" + std::to_string(i);
+    auto r = c.Post("/v1/pulls", json{{"from", a_.url}, {"object", "g"}, {"as", as},
+                                      {"into", {{"device", "host"}}}}.dump(), kJson);
+    ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+    const json stats = json::parse(r->body);
+    EXPECT_EQ(stats["path"], "staged") << stats;
+    EXPECT_THAT(stats.value("fallback", ""), ::testing::HasSubstr("failed with GPU memory on the rails"));
+    EXPECT_TRUE(Read(as) == gpu);
+  }
+  auto forced = c.Post("/v1/pulls", json{{"from", a_.url}, {"object", "g"}, {"as", "g-rdma"},
+                                         {"into", {{"device", "host"}}}, {"path", "rdma"}}.dump(), kJson);
+  EXPECT_EQ(forced->status, 400) << forced->body;
+  EXPECT_THAT(forced->body, ::testing::HasSubstr("failed with GPU memory on the rails"));
+  EXPECT_EQ(c.Get("/v1/objects/g-rdma")->status, 404);
+  // Host memory still goes rdma on the same rails: none was taken down for GPU memory.
+  EXPECT_EQ(Pull("h", {{"device", "host"}}, "h-host"), "rdma");
+  EXPECT_TRUE(Read("h-host") == host);
 }
 
 // Between two GPUs the batched copy relays small pieces through staging on both GPUs, 16 MiB

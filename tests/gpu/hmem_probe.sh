@@ -20,7 +20,7 @@ args=(--provider "$provider" --rails 2)
 "$bundle/bin/ferryd" --listen 127.0.0.1:7402 --data-dir "$dir/b" "${args[@]}" > /dev/null 2> "$out/b-$provider.log" &
 for _ in $(seq 50); do curl -sf localhost:7402/v1/health > /dev/null && curl -sf localhost:7401/v1/health > /dev/null && break; sleep 0.1; done
 curl -s localhost:7402/v1/node | python3 -c 'import json, sys
-for r in json.load(sys.stdin)["rails"]: print(r["provider"], "hmem_cuda", r["hmem_cuda"], r.get("hmem_cuda_error", ""))'
+for r in json.load(sys.stdin)["rails"]: print(r["provider"], "hmem_cuda", r["hmem_cuda"], "hmem_dmabuf", r.get("hmem_dmabuf"), r.get("hmem_cuda_error", ""))'
 head -c $((64 << 20)) /dev/urandom > "$dir/w.bin"
 curl -s -X PUT -H 'Content-Type: application/octet-stream' --data-binary @"$dir/w.bin" \
   "localhost:7401/v1/objects/w/data?device=cuda:0" > /dev/null

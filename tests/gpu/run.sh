@@ -9,6 +9,7 @@
 # HMEM_BUNDLE: ferryd and gpu_test built against a libfabric with CUDA (FI_HMEM), e.g.
 #   cmake -S . -B build-lf2 -G Ninja -DFERRY_LIBFABRIC_PREFIX=<prefix>
 #   ../shared/gpu/bundle.sh .gpu-bundle-hmem build-lf2/server/ferryd build-lf2/tests/gpu/gpu_test
+# (its lib/ needs only libfabric: the first bundle's libraries are on the path too).
 # gpu_test then runs with it too, and the table gains the rdma rows (GPU memory on shm rails).
 #
 # 1. correctness: gpu_test (GPU0 -> GPU1, GPU -> host, host -> GPU through two ferryd, every
@@ -37,7 +38,7 @@ if grep -q '^\[  FAILED  \]' "$out/gpu_test.log" || ! grep -q '^\[  PASSED  \]' 
 fi
 if [ -n "$hmem" ]; then
   echo "== correctness with a CUDA libfabric ($hmem)"
-  FERRYD="$hmem/bin/ferryd" LD_LIBRARY_PATH="$hmem/lib" "$hmem/bin/gpu_test" 2>&1 |
+  FERRYD="$hmem/bin/ferryd" LD_LIBRARY_PATH="$hmem/lib:$LD_LIBRARY_PATH" "$hmem/bin/gpu_test" 2>&1 |
     tee "$out/gpu_test_hmem.log" | grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) ' || true
   if grep -q '^\[  FAILED  \]' "$out/gpu_test_hmem.log" || ! grep -q '^\[  PASSED  \]' "$out/gpu_test_hmem.log"; then
     echo "gpu_test (CUDA libfabric) failed"; tail -50 "$out/gpu_test_hmem.log"; exit 1
@@ -57,7 +58,7 @@ echo "== benchmark"
 timeout 400 "$bundle/bin/ferry-bench" gpu --ferryd "$FERRYD" --json | tee -a "$out/rows.jsonl"
 if [ -n "$hmem" ]; then
   # The rdma rows: GPU memory on shm rails through FI_HMEM (the other rows are those above).
-  LD_LIBRARY_PATH="$hmem/lib" timeout 400 "$bundle/bin/ferry-bench" gpu --ferryd "$hmem/bin/ferryd" \
+  LD_LIBRARY_PATH="$hmem/lib:$LD_LIBRARY_PATH" timeout 400 "$bundle/bin/ferry-bench" gpu --ferryd "$hmem/bin/ferryd" \
     --provider shm --staged false --json | grep '"path":"rdma"' | tee -a "$out/rows.jsonl" || true
 fi
 timeout 200 "$bundle/bin/ferry-bench" engine --provider tcp --domain lo --rails 2 \
