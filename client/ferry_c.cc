@@ -171,8 +171,9 @@ absl::StatusOr<EmbeddedNodeOptions> NodeOptionsOf(const char* text) {
   auto j = ParseJson(text);
   if (!j.ok() || !j->is_object()) return absl::InvalidArgumentError("node options must be a JSON object");
   for (const auto& [key, v] : j->items()) {
-    const auto want = [&key](const char* type) {
-      return absl::InvalidArgumentError(absl::StrCat("node option \"", key, "\" must be ", type));
+    const auto want = [&option = key](const char* type) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("node option \"", option, "\" must be ", type));
     };
     if (key == "data_dir" || key == "provider" || key == "listen" || key == "token" ||
         key == "peer_transport") {

@@ -60,8 +60,8 @@ absl::StatusOr<SafetensorsLayout> ParseSafetensors(std::string_view header, uint
   out.data_size = file_size - out.data_offset;
   for (const auto& [name, t] : j->items()) {
     if (name == "__metadata__") continue;
-    const auto where = [&name](const std::string& what) {
-      return Bad(absl::StrCat("tensor '", name, "': ", what));
+    const auto where = [&tensor = name](const std::string& what) {
+      return Bad(absl::StrCat("tensor '", tensor, "': ", what));
     };
     if (!t.is_object() || !t.contains("dtype") || !t["dtype"].is_string() || !t.contains("shape") ||
         !t["shape"].is_array() || !t.contains("data_offsets") || !t["data_offsets"].is_array() ||

@@ -24,8 +24,8 @@
 
 namespace httplib {
 class Server;
-class Request;
-class Response;
+struct Request;
+struct Response;
 }  // namespace httplib
 
 namespace rocksdb {

@@ -1080,8 +1080,8 @@ void ProgressGroup::ResendFrom(size_t rail, PeerId peer,
     TransferState& t = *p->transfer;
     if (p->dead || t.peer != peer || t.finished.load(std::memory_order_acquire)) continue;
     std::vector<WriteOp*> ops;
-    auto take = [&](WriteOp& op) {
-      if (op.rail == rail && op.posted && !op.abandoned && pick(*p, op)) ops.push_back(&op);
+    auto take = [&, part = p](WriteOp& op) {
+      if (op.rail == rail && op.posted && !op.abandoned && pick(*part, op)) ops.push_back(&op);
     };
     for (WriteOp& op : p->ops) take(op);
     for (size_t i = 0, n = p->resent.size(); i < n; ++i) take(p->resent[i]);
