@@ -19,9 +19,8 @@ inline void IgnoreError(const absl::Status& /*status*/) {}
 inline absl::Status WithContext(const absl::Status& s, absl::string_view context) {
   if (s.ok()) return s;
   absl::Status out(s.code(), absl::StrCat(context, ": ", s.message()));
-  s.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) {
-    out.SetPayload(url, payload);
-  });
+  s.ForEachPayload(
+      [&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
   return out;
 }
 
@@ -38,10 +37,10 @@ absl::Status AsStatus(const absl::StatusOr<T>& s) {
 #define FERRY_CONCAT_INNER_(a, b) a##b
 #define FERRY_CONCAT_(a, b) FERRY_CONCAT_INNER_(a, b)
 
-#define RETURN_IF_ERROR(expr)                                      \
-  do {                                                             \
+#define RETURN_IF_ERROR(expr)                                       \
+  do {                                                              \
     absl::Status ferry_status_ = ::ferry::internal::AsStatus(expr); \
-    if (!ferry_status_.ok()) return ferry_status_;                 \
+    if (!ferry_status_.ok()) return ferry_status_;                  \
   } while (0)
 
 #define FERRY_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \

@@ -1,4 +1,3 @@
-#include "wire/extents.h"
 #include "ferry/client.h"
 
 #include <httplib.h>
@@ -12,13 +11,11 @@
 #include "base/status.h"
 #include "nlohmann/json.hpp"
 #include "wire/api_json.h"
+#include "wire/extents.h"
 #include "wire/http_status.h"
 
 namespace ferry {
 namespace {
-
-
-
 
 absl::StatusOr<nlohmann::json> JsonBody(const httplib::Result& r, const std::string& what) {
   RETURN_IF_ERROR(StatusFromResult(r, what));
@@ -61,9 +58,9 @@ absl::Status Client::Drain() {
   return StatusFromResult(impl_->http.Post("/v1/drain", "{}", "application/json"), impl_->url);
 }
 
-absl::StatusOr<ObjectInfo> Client::Put(const std::string& name, std::string_view data,
-                                       bool replace, const Progress& progress,
-                                       const std::string& device, const std::string& meta) {
+absl::StatusOr<ObjectInfo> Client::Put(const std::string& name, std::string_view data, bool replace,
+                                       const Progress& progress, const std::string& device,
+                                       const std::string& meta) {
   return Put(
       name, data.size(),
       [data](uint64_t offset, char* out, size_t n) {
@@ -73,10 +70,9 @@ absl::StatusOr<ObjectInfo> Client::Put(const std::string& name, std::string_view
       replace, progress, device, meta);
 }
 
-absl::StatusOr<ObjectInfo> Client::Put(const std::string& name, uint64_t size,
-                                       const Source& source, bool replace,
-                                       const Progress& progress, const std::string& device,
-                                       const std::string& meta) {
+absl::StatusOr<ObjectInfo> Client::Put(const std::string& name, uint64_t size, const Source& source,
+                                       bool replace, const Progress& progress,
+                                       const std::string& device, const std::string& meta) {
   const std::string path = "/v1/objects/" + EncodeName(name) + "/data?device=" + device +
                            (replace ? "&replace=true" : "") +
                            (meta.empty() ? "" : "&meta_length=" + std::to_string(meta.size()));
@@ -173,24 +169,25 @@ absl::StatusOr<ObjectInfo> Client::Publish(const std::string& name, const Layout
   nlohmann::json body = {{"extents", ToJson(layout)}, {"durable", durable}};
   if (!meta.empty()) {
     auto parsed = ParseJson(meta);
-    if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("meta: ", parsed.status().message()));
+    if (!parsed.ok())
+      return absl::InvalidArgumentError(absl::StrCat("meta: ", parsed.status().message()));
     body["meta"] = *std::move(parsed);
   }
-  ASSIGN_OR_RETURN(auto j, JsonBody(impl_->http.Put(path.c_str(), body.dump(), "application/json"),
-                                    impl_->url));
+  ASSIGN_OR_RETURN(
+      auto j, JsonBody(impl_->http.Put(path.c_str(), body.dump(), "application/json"), impl_->url));
   return ObjectInfoFromJson(j);
 }
 
 absl::StatusOr<PullStats> Client::Pull(const PullSpec& spec) {
-  ASSIGN_OR_RETURN(auto j, JsonBody(impl_->http.Post("/v1/pulls", ToJson(spec).dump(),
-                                                     "application/json"),
-                                    impl_->url));
+  ASSIGN_OR_RETURN(
+      auto j,
+      JsonBody(impl_->http.Post("/v1/pulls", ToJson(spec).dump(), "application/json"), impl_->url));
   return PullStatsFromJson(j);
 }
 
 absl::StatusOr<PullStats> Client::Pull(const std::string& name, const std::string& from,
-                                        const std::string& as, bool replace,
-                                        const std::string& device, const std::string& path) {
+                                       const std::string& as, bool replace,
+                                       const std::string& device, const std::string& path) {
   PullSpec spec;
   spec.from = from;
   spec.object = name;
@@ -206,17 +203,20 @@ absl::StatusOr<std::vector<ClusterNode>> Client::Cluster() {
   std::vector<ClusterNode> out;
   try {
     for (const auto& n : j.at("nodes")) {
-      ClusterNode c{.id = n.value("id", ""), .url = n.value("url", ""),
-                    .host = n.value("host", ""), .state = n.value("state", "")};
+      ClusterNode c{.id = n.value("id", ""),
+                    .url = n.value("url", ""),
+                    .host = n.value("host", ""),
+                    .state = n.value("state", "")};
       if (n.contains("labels")) c.labels = n["labels"].get<std::map<std::string, std::string>>();
       for (const auto& o : n.value("objects", nlohmann::json::array())) {
-        c.objects.push_back({o.value("name", ""), o.value("version", uint64_t{0}),
-                             o.value("size", uint64_t{0})});
+        c.objects.push_back(
+            {o.value("name", ""), o.value("version", uint64_t{0}), o.value("size", uint64_t{0})});
       }
       out.push_back(std::move(c));
     }
   } catch (const nlohmann::json::exception& e) {
-    return absl::UnknownError(absl::StrCat(impl_->url, ": a cluster answer of another shape: ", e.what()));
+    return absl::UnknownError(
+        absl::StrCat(impl_->url, ": a cluster answer of another shape: ", e.what()));
   }
   return out;
 }
@@ -225,9 +225,10 @@ absl::StatusOr<std::vector<absl::StatusOr<PullStats>>> Client::PullBatch(
     const std::vector<PullSpec>& specs) {
   nlohmann::json list = nlohmann::json::array();
   for (const PullSpec& spec : specs) list.push_back(ToJson(spec));
-  ASSIGN_OR_RETURN(auto j, JsonBody(impl_->http.Post("/v1/pulls", nlohmann::json{{"pulls", list}}.dump(),
-                                                     "application/json"),
-                                    impl_->url));
+  ASSIGN_OR_RETURN(auto j,
+                   JsonBody(impl_->http.Post("/v1/pulls", nlohmann::json{{"pulls", list}}.dump(),
+                                             "application/json"),
+                            impl_->url));
   if (!j.contains("results") || !j["results"].is_array() || j["results"].size() != specs.size()) {
     return absl::UnknownError(impl_->url + ": a batch answer without one result per pull");
   }

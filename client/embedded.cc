@@ -99,7 +99,9 @@ absl::Status EmbeddedNode::ReleaseDestination(uint64_t handle) {
   return impl_->node->ReleaseDestination(handle);
 }
 
-absl::StatusOr<PullStats> EmbeddedNode::Pull(const PullSpec& spec) { return impl_->node->Pull(spec); }
+absl::StatusOr<PullStats> EmbeddedNode::Pull(const PullSpec& spec) {
+  return impl_->node->Pull(spec);
+}
 
 absl::StatusOr<PullStats> EmbeddedNode::PullInto(const std::string& from, const std::string& name,
                                                  const Layout& into) {

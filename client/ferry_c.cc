@@ -1,6 +1,4 @@
 // The C ABI (ferry/ferry.h) over ferry::Client and ferry::EmbeddedNode.
-#include "ferry/ferry.h"
-
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -15,6 +13,7 @@
 #include "base/status.h"
 #include "client/input_file.h"
 #include "ferry/client.h"
+#include "ferry/ferry.h"
 #include "ferry/node.h"
 #include "ferry/tensors.h"
 #include "nlohmann/json.hpp"
@@ -96,9 +95,8 @@ absl::StatusOr<Layout> LayoutOf(const ferry_layout* l) {
         break;
       case FERRY_RUN_PAGES:
         if (r.count > l->n_page_ids - pages) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("run ", i, " takes ", r.count, " page ids; ", l->n_page_ids - pages,
-                           " are left"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "run ", i, " takes ", r.count, " page ids; ", l->n_page_ids - pages, " are left"));
         }
         out.AddPages(r.region, r.offset, r.piece,
                      std::vector<uint32_t>(l->page_ids + pages, l->page_ids + pages + r.count));
@@ -169,7 +167,8 @@ absl::StatusOr<EmbeddedNodeOptions> NodeOptionsOf(const char* text) {
   EmbeddedNodeOptions o;
   if (text == nullptr || *text == '\0') return o;
   auto j = ParseJson(text);
-  if (!j.ok() || !j->is_object()) return absl::InvalidArgumentError("node options must be a JSON object");
+  if (!j.ok() || !j->is_object())
+    return absl::InvalidArgumentError("node options must be a JSON object");
   for (const auto& [key, v] : j->items()) {
     const auto want = [&option = key](const char* type) {
       return absl::InvalidArgumentError(
@@ -202,7 +201,6 @@ absl::StatusOr<EmbeddedNodeOptions> NodeOptionsOf(const char* text) {
   }
   return o;
 }
-
 
 }  // namespace
 }  // namespace ferry
@@ -246,8 +244,8 @@ int ferry_client_put(ferry_client* c, const char* name, const void* data, size_t
   });
 }
 
-int ferry_client_put_file(ferry_client* c, const char* name, const char* path,
-                          const char* device, int replace, int safetensors, char** info) {
+int ferry_client_put_file(ferry_client* c, const char* name, const char* path, const char* device,
+                          int replace, int safetensors, char** info) {
   return Call([&]() -> absl::Status {
     RETURN_IF_ERROR(Required(c, "client"));
     RETURN_IF_ERROR(Required(name, "name"));
@@ -262,14 +260,13 @@ int ferry_client_put_file(ferry_client* c, const char* name, const char* path,
       ASSIGN_OR_RETURN(layout, ferry::ReadSafetensors(read, size));
       meta = ferry::TensorTableMeta(layout.tensors);
     }
-    return ferry::Given(
-        c->client->Put(
-            name, layout.data_size,
-            [&](uint64_t offset, char* out, size_t n) {
-              return read(layout.data_offset + offset, out, n);
-            },
-            replace != 0, nullptr, device != nullptr ? device : "host", meta),
-        info);
+    return ferry::Given(c->client->Put(
+                            name, layout.data_size,
+                            [&](uint64_t offset, char* out, size_t n) {
+                              return read(layout.data_offset + offset, out, n);
+                            },
+                            replace != 0, nullptr, device != nullptr ? device : "host", meta),
+                        info);
   });
 }
 
@@ -329,8 +326,8 @@ int ferry_client_remove(ferry_client* c, const char* name) {
   });
 }
 
-int ferry_client_publish(ferry_client* c, const char* name, const ferry_layout* layout,
-                         int replace, int durable, const char* meta, char** info) {
+int ferry_client_publish(ferry_client* c, const char* name, const ferry_layout* layout, int replace,
+                         int durable, const char* meta, char** info) {
   return Call([&]() -> absl::Status {
     RETURN_IF_ERROR(Required(c, "client"));
     RETURN_IF_ERROR(Required(name, "name"));
@@ -414,7 +411,8 @@ int ferry_node_prepare(ferry_node* n, const ferry_layout* layout, uint64_t* hand
 }
 
 int ferry_node_release(ferry_node* n, uint64_t handle) {
-  return Call([&] { return n == nullptr ? Required(n, "node") : n->node->ReleaseDestination(handle); });
+  return Call(
+      [&] { return n == nullptr ? Required(n, "node") : n->node->ReleaseDestination(handle); });
 }
 
 int ferry_node_pull(ferry_node* n, const ferry_pull_spec* spec, ferry_pull_stats* stats) {

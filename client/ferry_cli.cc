@@ -12,11 +12,11 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
+#include "client/input_file.h"
 #include "engine/engine.h"
 #include "engine/topology.h"
 #include "ferry/client.h"
 #include "ferry/tensors.h"
-#include "client/input_file.h"
 
 namespace {
 
@@ -31,9 +31,11 @@ ferry::Progress ProgressLine(const std::string& what) {
     if (total > 0) {
       std::fprintf(stderr, "\r%s %llu / %llu MiB (%.0f%%)", what.c_str(),
                    static_cast<unsigned long long>(done >> 20),
-                   static_cast<unsigned long long>(total >> 20), 100.0 * static_cast<double>(done) / static_cast<double>(total));
+                   static_cast<unsigned long long>(total >> 20),
+                   100.0 * static_cast<double>(done) / static_cast<double>(total));
     } else {
-      std::fprintf(stderr, "\r%s %llu MiB", what.c_str(), static_cast<unsigned long long>(done >> 20));
+      std::fprintf(stderr, "\r%s %llu MiB", what.c_str(),
+                   static_cast<unsigned long long>(done >> 20));
     }
     std::fflush(stderr);
   };
@@ -46,24 +48,29 @@ void Rate(const char* verb, uint64_t bytes, double seconds) {
                seconds > 0 ? static_cast<double>(bytes) / seconds / 1e6 : 0.0);
 }
 
-
 int Fail(const absl::Status& s) {
   if (isatty(2)) std::fprintf(stderr, "\r\033[K");
   std::fprintf(stderr, "ferry: %s\n", s.ToString().c_str());
   switch (s.code()) {
-    case absl::StatusCode::kNotFound: return 3;
+    case absl::StatusCode::kNotFound:
+      return 3;
     case absl::StatusCode::kAlreadyExists:
-    case absl::StatusCode::kFailedPrecondition: return 4;
+    case absl::StatusCode::kFailedPrecondition:
+      return 4;
     case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kDeadlineExceeded: return 5;
-    case absl::StatusCode::kUnauthenticated: return 6;
-    default: return 1;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 5;
+    case absl::StatusCode::kUnauthenticated:
+      return 6;
+    default:
+      return 1;
   }
 }
 
 // `ferry topo`: the placement ferryd makes with --rails 0 (needs no node).
 int Topo(const std::string& xml, const std::string& provider) {
-  auto t = xml.empty() ? ferry::engine::Topology::Discover() : ferry::engine::Topology::FromXml(xml);
+  auto t =
+      xml.empty() ? ferry::engine::Topology::Discover() : ferry::engine::Topology::FromXml(xml);
   if (!t.ok()) return Fail(t.status());
   std::vector<ferry::engine::NicRef> nics = (*t)->Nics();
   if (!provider.empty()) {
@@ -103,8 +110,9 @@ int main(int argc, char** argv) {
   auto* rm = app.add_subcommand("rm", "delete object NAME");
   rm->add_option("NAME", name)->required();
   auto* pull = app.add_subcommand(
-      "pull", "make node --to (default --node) pull NAME from --from, or from a holder its "
-              "directory names");
+      "pull",
+      "make node --to (default --node) pull NAME from --from, or from a holder its "
+      "directory names");
   pull->add_option("NAME", name)->required();
   pull->add_option("--from", from, "source node URL (default: a holder, by the directory)");
   pull->add_option("--to", to, "destination node URL (default: --node)");
@@ -113,7 +121,8 @@ int main(int argc, char** argv) {
   pull->add_option("--device", device, "where the copy goes: host or cuda:N")
       ->capture_default_str();
   pull->add_option("--path", path, "auto, rdma, cuda_ipc or staged")->capture_default_str();
-  auto* cluster = app.add_subcommand("cluster", "the nodes of the node's directory, and what they hold");
+  auto* cluster =
+      app.add_subcommand("cluster", "the nodes of the node's directory, and what they hold");
   auto* health = app.add_subcommand("health", "exit 0 when the node answers and is not draining");
   auto* drain = app.add_subcommand(
       "drain", "make the node refuse new work, finish its pulls and stop (POST /v1/drain)");
@@ -154,7 +163,8 @@ int main(int argc, char** argv) {
     if (!r.ok()) return Fail(r.status());
     Rate("put", in.size(), absl::ToDoubleSeconds(absl::Now() - start));
     std::printf("%s version %llu, %llu bytes\n", r->name.c_str(),
-                static_cast<unsigned long long>(r->version), static_cast<unsigned long long>(r->size));
+                static_cast<unsigned long long>(r->version),
+                static_cast<unsigned long long>(r->size));
   } else if (*get) {
     std::ofstream file_out;
     if (!out.empty()) {
@@ -175,15 +185,16 @@ int main(int argc, char** argv) {
     auto r = c.List(prefix);
     if (!r.ok()) return Fail(r.status());
     for (const auto& o : *r) {
-      std::printf("%-40s v%-4llu %14llu%s\n", o.name.c_str(), static_cast<unsigned long long>(o.version),
+      std::printf("%-40s v%-4llu %14llu%s\n", o.name.c_str(),
+                  static_cast<unsigned long long>(o.version),
                   static_cast<unsigned long long>(o.size), o.detached ? "  detached" : "");
     }
   } else if (*stat) {
     auto r = c.Stat(name);
     if (!r.ok()) return Fail(r.status());
     std::printf("name %s\nversion %llu\nsize %llu\ndetached %s\n", r->name.c_str(),
-                static_cast<unsigned long long>(r->version), static_cast<unsigned long long>(r->size),
-                r->detached ? "yes" : "no");
+                static_cast<unsigned long long>(r->version),
+                static_cast<unsigned long long>(r->size), r->detached ? "yes" : "no");
   } else if (*rm) {
     absl::Status s = c.Remove(name);
     if (!s.ok()) return Fail(s);
@@ -208,7 +219,8 @@ int main(int argc, char** argv) {
                   n.objects.size());
       for (const auto& o : n.objects) {
         std::printf("    %-40s v%-4llu %14llu\n", o.name.c_str(),
-                    static_cast<unsigned long long>(o.version), static_cast<unsigned long long>(o.size));
+                    static_cast<unsigned long long>(o.version),
+                    static_cast<unsigned long long>(o.size));
       }
     }
   }

@@ -33,9 +33,9 @@ absl::StatusOr<uint64_t> SafetensorsHeaderLength(std::string_view first8, uint64
 
 size_t DtypeSize(std::string_view dtype) {
   static constexpr std::pair<std::string_view, size_t> kSizes[] = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
-      {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},   {"U64", 8},     {"U32", 4},
-      {"U16", 2}, {"U8", 1},  {"BOOL", 1}};
+      {"F64", 8},     {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F8_E4M3", 1},
+      {"F8_E5M2", 1}, {"I64", 8}, {"I32", 4}, {"I16", 2},  {"I8", 1},
+      {"U64", 8},     {"U32", 4}, {"U16", 2}, {"U8", 1},   {"BOOL", 1}};
   for (const auto& [name, size] : kSizes) {
     if (name == dtype) return size;
   }
@@ -45,7 +45,8 @@ size_t DtypeSize(std::string_view dtype) {
 std::string TensorTableMeta(const std::vector<TensorEntry>& tensors) {
   nlohmann::json list = nlohmann::json::array();
   for (const TensorEntry& t : tensors) {
-    list.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}, {"offset", t.offset}});
+    list.push_back(
+        {{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}, {"offset", t.offset}});
   }
   return nlohmann::json{{"tensors", std::move(list)}}.dump();
 }

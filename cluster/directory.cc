@@ -152,8 +152,8 @@ absl::Status Directory::Put(const std::string& key, const std::string& value, in
 }
 
 absl::StatusOr<std::vector<KeyValue>> Directory::Range(const std::string& prefix) {
-  absl::StatusOr<std::string> r =
-      Call("/v3/kv/range", json{{"key", B64(prefix)}, {"range_end", B64(PrefixEnd(prefix))}}.dump());
+  absl::StatusOr<std::string> r = Call(
+      "/v3/kv/range", json{{"key", B64(prefix)}, {"range_end", B64(PrefixEnd(prefix))}}.dump());
   if (!r.ok()) return r.status();
   json j = json::parse(*r, nullptr, false);
   std::vector<KeyValue> out;

@@ -55,8 +55,8 @@ absl::StatusOr<std::unique_ptr<DirectoryStore>> DirectoryStore::Open(const std::
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
-    return absl::InternalError(absl::StrCat("directory store: cannot create ", dir, ": ",
-                                            ec.message()));
+    return absl::InternalError(
+        absl::StrCat("directory store: cannot create ", dir, ": ", ec.message()));
   }
   rocksdb::Options options;
   options.create_if_missing = true;
@@ -89,7 +89,8 @@ absl::Status DirectoryStore::Load() {
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator({}));
   for (it->Seek(std::string(1, kLease)); it->Valid() && it->key()[0] == kLease; it->Next()) {
     const int64_t id = static_cast<int64_t>(ReadU64(it->key().ToStringView().substr(1)));
-    const absl::Duration ttl = absl::Seconds(static_cast<int64_t>(ReadU64(it->value().ToStringView())));
+    const absl::Duration ttl =
+        absl::Seconds(static_cast<int64_t>(ReadU64(it->value().ToStringView())));
     // As etcd does: a lease's clock starts again when the store comes back.
     leases_[id] = Lease{ttl, now + ttl, {}};
     next_lease_ = std::max(next_lease_, id + 1);
@@ -113,10 +114,9 @@ absl::StatusOr<int64_t> DirectoryStore::Grant(absl::Duration ttl) {
   ttl = absl::Seconds(absl::ToInt64Seconds(ttl));
   absl::MutexLock lock(&mu_);
   const int64_t id = next_lease_++;
-  RETURN_IF_ERROR(FromRocks(
-      db_->Put(Soft(), kLease + U64(static_cast<uint64_t>(id)),
-               U64(static_cast<uint64_t>(absl::ToInt64Seconds(ttl)))),
-      "grant"));
+  RETURN_IF_ERROR(FromRocks(db_->Put(Soft(), kLease + U64(static_cast<uint64_t>(id)),
+                                     U64(static_cast<uint64_t>(absl::ToInt64Seconds(ttl)))),
+                            "grant"));
   leases_[id] = Lease{ttl, absl::Now() + ttl, {}};
   return id;
 }
@@ -157,14 +157,13 @@ void DirectoryStore::Unlease(const std::string& key) {
   key_lease_.erase(it);
 }
 
-absl::Status DirectoryStore::Put(const std::string& key, const std::string& value,
-                                 int64_t lease) {
+absl::Status DirectoryStore::Put(const std::string& key, const std::string& value, int64_t lease) {
   if (key.empty()) return absl::InvalidArgumentError("key is not provided");
   absl::MutexLock lock(&mu_);
   auto l = leases_.find(lease);
   if (lease != 0 && l == leases_.end()) return absl::NotFoundError("requested lease not found");
-  RETURN_IF_ERROR(FromRocks(db_->Put(Soft(), kKey + key, U64(static_cast<uint64_t>(lease)) + value),
-                            "put"));
+  RETURN_IF_ERROR(
+      FromRocks(db_->Put(Soft(), kKey + key, U64(static_cast<uint64_t>(lease)) + value), "put"));
   Unlease(key);
   if (lease != 0) {
     l->second.keys.insert(key);
@@ -183,8 +182,8 @@ absl::StatusOr<std::vector<KeyValue>> DirectoryStore::Range(const std::string& k
     const std::string_view k = it->key().ToStringView();
     if (range_end.empty() ? k.substr(1) != key : (!to_last && k >= end)) break;
     const std::string_view v = it->value().ToStringView();
-    out.push_back({std::string(k.substr(1)), std::string(v.substr(8)),
-                   static_cast<int64_t>(ReadU64(v))});
+    out.push_back(
+        {std::string(k.substr(1)), std::string(v.substr(8)), static_cast<int64_t>(ReadU64(v))});
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "range"));
   return out;
@@ -236,9 +235,12 @@ bool JsonBytes(const json& j, const char* key, std::string& out) {
 
 int HttpStatusOf(absl::StatusCode code) {
   switch (code) {
-    case absl::StatusCode::kInvalidArgument: return 400;
-    case absl::StatusCode::kNotFound: return 404;
-    default: return 500;
+    case absl::StatusCode::kInvalidArgument:
+      return 400;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    default:
+      return 500;
   }
 }
 
@@ -247,9 +249,10 @@ void Answer(httplib::Response& res, const absl::StatusOr<json>& result) {
   if (!result.ok()) {
     const std::string m(result.status().message());
     res.status = HttpStatusOf(result.status().code());
-    res.set_content(json{{"error", m}, {"message", m}, {"code", static_cast<int>(result.status().code())}}
-                        .dump(),
-                    "application/json");
+    res.set_content(
+        json{{"error", m}, {"message", m}, {"code", static_cast<int>(result.status().code())}}
+            .dump(),
+        "application/json");
     return;
   }
   json body = *result;
@@ -263,8 +266,7 @@ using Route = std::function<absl::StatusOr<json>(DirectoryStore&, const json&)>;
 
 }  // namespace
 
-void InstallDirectoryRoutes(httplib::Server& server, DirectoryStore& store,
-                            DirectoryGuard guard) {
+void InstallDirectoryRoutes(httplib::Server& server, DirectoryStore& store, DirectoryGuard guard) {
   auto route = [&server, &store, guard](const char* path, Route r) {
     // With a content reader, as every POST route of ferryd's (httplib tries those first).
     server.Post(path, [&store, guard, r](const httplib::Request& req, httplib::Response& res,

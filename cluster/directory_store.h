@@ -51,8 +51,7 @@ class DirectoryStore {
   // kNotFound: `lease` (non-zero) does not exist. kInvalidArgument: an empty key.
   absl::Status Put(const std::string& key, const std::string& value, int64_t lease);
   // Keys in [key, range_end); range_end empty: `key` alone; "\0": every key from `key` on.
-  absl::StatusOr<std::vector<KeyValue>> Range(const std::string& key,
-                                              const std::string& range_end);
+  absl::StatusOr<std::vector<KeyValue>> Range(const std::string& key, const std::string& range_end);
   // How many keys in the same range went.
   absl::StatusOr<int64_t> DeleteRange(const std::string& key, const std::string& range_end);
 

@@ -80,8 +80,8 @@ void Membership::Update(json record) {
 }
 
 std::string Membership::HolderValue(uint64_t size) const {
-  return json{{"url", record_.value("url", "")}, {"host", record_.value("host", "")},
-              {"size", size}}
+  return json{
+      {"url", record_.value("url", "")}, {"host", record_.value("host", "")}, {"size", size}}
       .dump();
 }
 
@@ -99,8 +99,8 @@ void Membership::Release(const std::string& name, std::optional<uint64_t> up_to)
   const std::string last = up_to ? HolderKey(name, *up_to, node_id_) : Directory::PrefixEnd(prefix);
   for (auto it = desired_.lower_bound(prefix); it != desired_.end() && it->first <= last;) {
     Holder h;
-    if (!ParseHolder({it->first, it->second}, h) ||
-        h.node != node_id_ || (up_to && h.version > *up_to)) {
+    if (!ParseHolder({it->first, it->second}, h) || h.node != node_id_ ||
+        (up_to && h.version > *up_to)) {
       ++it;
       continue;
     }

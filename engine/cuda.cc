@@ -1,4 +1,6 @@
 // engine/cuda.h with the CUDA runtime (builds that found the toolkit).
+#include "engine/cuda.h"
+
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <unistd.h>
@@ -11,14 +13,13 @@
 #include <string_view>
 #include <utility>
 
-#include "base/hex.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "engine/cuda.h"
+#include "base/hex.h"
+#include "base/status.h"
 #include "engine/cuda_copy.h"
 #include "engine/fabric.h"
-#include "base/status.h"
 
 namespace ferry::engine {
 namespace {
@@ -97,8 +98,8 @@ int CudaDeviceCount() {
 absl::Status CheckCudaDevice(int index) {
   const int n = CudaDeviceCount();
   if (index < 0 || index >= n) {
-    return absl::NotFoundError(absl::StrCat("no GPU cuda:", index, ": this host has ", n,
-                                            n == 1 ? " GPU" : " GPUs"));
+    return absl::NotFoundError(
+        absl::StrCat("no GPU cuda:", index, ": this host has ", n, n == 1 ? " GPU" : " GPUs"));
   }
   return absl::OkStatus();
 }
@@ -160,7 +161,8 @@ absl::StatusOr<CudaIpcExport> CudaExportIpc(const void* ptr) {
   FERRY_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)),
                              "cudaIpcGetMemHandle");
   cudaDeviceProp prop{};
-  FERRY_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, attr.device), "cudaGetDeviceProperties");
+  FERRY_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, attr.device),
+                             "cudaGetDeviceProperties");
   return CudaIpcExport{HexEncode(std::string_view(h.reserved, sizeof(h.reserved))),
                        reinterpret_cast<uint64_t>(ptr) - base,
                        HexEncode(std::string_view(prop.uuid.bytes, sizeof(prop.uuid.bytes)))};
@@ -169,7 +171,8 @@ absl::StatusOr<CudaIpcExport> CudaExportIpc(const void* ptr) {
 absl::StatusOr<CudaDmabuf> CudaExportDmabuf(const void* ptr, size_t length) {
   static auto fn =
       reinterpret_cast<GetHandleForAddressRange>(DriverFn("cuMemGetHandleForAddressRange"));
-  if (fn == nullptr) return absl::UnimplementedError("cuMemGetHandleForAddressRange is not available");
+  if (fn == nullptr)
+    return absl::UnimplementedError("cuMemGetHandleForAddressRange is not available");
   cudaPointerAttributes attr{};
   FERRY_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, ptr), "cudaPointerGetAttributes");
   if (attr.type != cudaMemoryTypeDevice) return absl::InvalidArgumentError("not GPU memory");
@@ -294,8 +297,8 @@ struct ChunkList {
     const uint64_t want = std::max<uint64_t>(chunks, 4096);
     void *h = nullptr, *d = nullptr;
     // Portable and mapped: a relay's kernels on two GPUs read the same lists.
-    cudaError_t e = cudaHostAlloc(&h, want * sizeof(CopyChunk),
-                                  cudaHostAllocPortable | cudaHostAllocMapped);
+    cudaError_t e =
+        cudaHostAlloc(&h, want * sizeof(CopyChunk), cudaHostAllocPortable | cudaHostAllocMapped);
     if (e == cudaSuccess && on_device) e = cudaMalloc(&d, want * sizeof(CopyChunk));
     if (e != cudaSuccess) {
       cudaFreeHost(h);
@@ -491,13 +494,13 @@ struct CudaCopyBatch::State {
   uint64_t launched = 0;  // chunks handed to the GPU
   uint64_t batches = 0;
   uint64_t next_launch = kFirstBatch;
-  bool pending = false;   // work was handed over since the last wait
+  bool pending = false;  // work was handed over since the last wait
   cudaError_t error = cudaSuccess;
   // With a relay, chunk i of sc->chunks scatters what chunk i of relay->chunks gathered.
   Relay* relay = nullptr;
   int src_sms = 0;
-  uint64_t fill = 0;      // bytes in the open window
-  uint64_t windows = 0;   // windows handed over
+  uint64_t fill = 0;     // bytes in the open window
+  uint64_t windows = 0;  // windows handed over
 
   void Launch() {
     if (error != cudaSuccess || added == launched) return;

@@ -95,11 +95,11 @@ struct CopyPiece {
 // copy engines (cudaMemcpyAsync), the others with one kernel, both at once. When every source
 // is on another GPU, `src_device`, the smaller pieces are relayed instead: gathered in windows
 // of 16 MiB on that GPU, moved by the copy engines, scattered on `device`, so that few large
-// copy-engine calls replace SM reads over NVLink, which the copy engines outrun. Costs 2 x 64 MiB of staging, kept for later copies between the two
-// GPUs. Pieces must not overlap each other's destinations.
+// copy-engine calls replace SM reads over NVLink, which the copy engines outrun. Costs 2 x 64 MiB
+// of staging, kept for later copies between the two GPUs. Pieces must not overlap each other's
+// destinations.
 inline constexpr uint64_t kCopyEngineBytes = uint64_t{64} << 20;
-absl::Status CudaCopyPieces(int device, const std::vector<CopyPiece>& pieces,
-                            int src_device = -1);
+absl::Status CudaCopyPieces(int device, const std::vector<CopyPiece>& pieces, int src_device = -1);
 
 // The most kernel chunks `pieces` pieces of `bytes` bytes in all can take.
 uint64_t CopyChunksBound(uint64_t pieces, uint64_t bytes);
@@ -112,8 +112,7 @@ class CudaCopyBatch {
   // At most `max_chunks` kernel chunks will be added (a piece under kCopyEngineBytes of n
   // bytes takes ceil(n / 256 KiB)). `src_device`: as for CudaCopyPieces (-1: sources
   // anywhere). kNotFound / kUnimplemented: no such GPU / no CUDA.
-  static absl::StatusOr<CudaCopyBatch> Begin(int device, uint64_t max_chunks,
-                                             int src_device = -1);
+  static absl::StatusOr<CudaCopyBatch> Begin(int device, uint64_t max_chunks, int src_device = -1);
   CudaCopyBatch(CudaCopyBatch&& other) noexcept;
   CudaCopyBatch& operator=(CudaCopyBatch&&) = delete;
   // Waits for what was handed to the GPU when Finish was not called.

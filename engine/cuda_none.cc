@@ -26,9 +26,7 @@ absl::Status CudaEnablePeerAccess(int, int) { return NoCuda(); }
 struct CudaIpcCache::Impl {};
 CudaIpcCache::CudaIpcCache(size_t) {}
 CudaIpcCache::~CudaIpcCache() = default;
-absl::StatusOr<CudaMapping> CudaIpcCache::Open(const std::string&, int) {
-  return NoCuda();
-}
+absl::StatusOr<CudaMapping> CudaIpcCache::Open(const std::string&, int) { return NoCuda(); }
 
 absl::Status CudaCopyPieces(int, const std::vector<CopyPiece>& pieces, int) {
   return pieces.empty() ? absl::OkStatus() : NoCuda();

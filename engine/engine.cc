@@ -1,7 +1,4 @@
-#include "base/ids.h"
 #include "engine/engine.h"
-
-#include "base/bytes.h"
 
 #include <sched.h>
 
@@ -11,12 +8,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/bytes.h"
+#include "base/ids.h"
+#include "base/status.h"
 #include "engine/control.h"
 #include "engine/cuda.h"
 #include "engine/planner.h"
 #include "engine/progress_group.h"
 #include "engine/rail.h"
-#include "base/status.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::engine {
@@ -26,9 +25,9 @@ struct RegionEntry {
   char* addr = nullptr;
   uint64_t length = 0;
   Device device;
-  std::vector<uint64_t> keys;  // per engine rail
-  std::vector<void*> descs;    // per engine rail
-  size_t pins = 0;             // transfers whose WRITEs may still read it
+  std::vector<uint64_t> keys;     // per engine rail
+  std::vector<void*> descs;       // per engine rail
+  size_t pins = 0;                // transfers whose WRITEs may still read it
   std::vector<uint64_t> windows;  // open on it (OpenWindow)
 };
 
@@ -39,10 +38,10 @@ struct ControlSend {
   std::vector<uint64_t> fi_addrs;  // the peer's, per engine rail
   PeerId peer = 0;
   size_t first_rail = 0;
-  size_t tries = 0;               // rails tried so far
-  size_t pending = 0;             // frames of this try not yet completed
-  absl::Status failed;            // of this try
-  std::string errors;             // of the tries before
+  size_t tries = 0;     // rails tried so far
+  size_t pending = 0;   // frames of this try not yet completed
+  absl::Status failed;  // of this try
+  std::string errors;   // of the tries before
   std::function<void(const absl::Status&)> done;
   absl::Mutex mu;
 };
@@ -63,15 +62,14 @@ constexpr absl::Duration kDefaultTransferDeadline = absl::Seconds(60);
 // FI_EP_RDM with SEND/RECV for control and one-sided WRITEs for data. We accept every
 // mr_mode bit we handle and FI_CONTEXT(2) / FI_RX_CQ_DATA; FI_THREAD_DOMAIN because only the
 // progress thread touches a domain.
-InfoPtr MakeHints(const std::string& prov_filter, bool hmem, bool delivery_complete,
-                  bool ordered) {
+InfoPtr MakeHints(const std::string& prov_filter, bool hmem, bool delivery_complete, bool ordered) {
   InfoPtr hints(fi_allocinfo());
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = FI_MSG | FI_RMA | FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE;
   if (hmem) hints->caps |= FI_HMEM;
   hints->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
-  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
-                                FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  hints->domain_attr->mr_mode =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   // With FI_HMEM: device memory is registered with its iface and device (fi_mr_regattr), and
   // every operation on it carries its descriptor, which is what FI_MR_HMEM asks (fi_mr(3));
   // shm offers FI_HMEM only to applications that accept it.
@@ -112,7 +110,8 @@ absl::StatusOr<std::vector<NicRef>> ProviderNics(std::string_view provider) {
   const int rc = GetInfo(hints.get(), &list);
   InfoPtr owned(list);
   if (rc != 0 || list == nullptr) {
-    return absl::NotFoundError(absl::StrCat("provider '", std::string(provider), "' offers no domain"));
+    return absl::NotFoundError(
+        absl::StrCat("provider '", std::string(provider), "' offers no domain"));
   }
   std::vector<NicRef> out;
   for (const fi_info* i = list; i != nullptr; i = i->next) {
@@ -135,7 +134,8 @@ void TransferStats::Add(const TransferStats& other) {
   bytes += other.bytes;
   writes += other.writes;
   bytes_per_rail.resize(std::max(bytes_per_rail.size(), other.bytes_per_rail.size()));
-  for (size_t r = 0; r < other.bytes_per_rail.size(); ++r) bytes_per_rail[r] += other.bytes_per_rail[r];
+  for (size_t r = 0; r < other.bytes_per_rail.size(); ++r)
+    bytes_per_rail[r] += other.bytes_per_rail[r];
   rerouted_writes += other.rerouted_writes;
   for (size_t r : other.failed_rails) NoteFailedRail(r);
   rail_seconds.resize(std::max(rail_seconds.size(), other.rail_seconds.size()));
@@ -252,8 +252,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
   InfoPtr owned_list(list);
   if (rc != 0) {
-    return absl::NotFoundError(absl::StrCat("no libfabric provider matches '", options.provider,
-                                            "': ", fi_strerror(-rc)));
+    return absl::NotFoundError(
+        absl::StrCat("no libfabric provider matches '", options.provider, "': ", fi_strerror(-rc)));
   }
   // One info per domain (the first, libfabric's preferred one), all from the first provider.
   const std::string prov = list->fabric_attr->prov_name;
@@ -348,17 +348,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     RailInfo ri = engine->groups_[ref.group]->rail_info(ref.index_in_group);
     if (ref.group < placement.size()) {
       const RailGroup& g = placement[ref.group];
-      ri.placement = absl::StrCat(g.gpu < 0 ? std::string("host") : absl::StrCat("gpu", g.gpu),
-                                  ", numa ", absl::StrJoin(g.numa_nodes, ","), ", cores ",
-                                  absl::StrJoin(g.cores, ","));
+      ri.placement =
+          absl::StrCat(g.gpu < 0 ? std::string("host") : absl::StrCat("gpu", g.gpu), ", numa ",
+                       absl::StrJoin(g.numa_nodes, ","), ", cores ", absl::StrJoin(g.cores, ","));
     }
     engine->rails_.push_back(ri);
     engine->max_write_ = std::min(engine->max_write_, ri.max_msg_size);
     engine->max_iov_ = std::min(engine->max_iov_, ri.iov_limit);
     engine->cq_data_size_ = std::min(engine->cq_data_size_, ri.cq_data_size);
   }
-  spdlog::debug("engine {}: {} rails on {} ({} progress threads)", engine->node_id_, nrails,
-                prov, nthreads);
+  spdlog::debug("engine {}: {} rails on {} ({} progress threads)", engine->node_id_, nrails, prov,
+                nthreads);
   return engine;
 }
 
@@ -379,9 +379,9 @@ absl::StatusOr<RegionId> Engine::RegisterMemory(void* addr, size_t length, Devic
     RETURN_IF_ERROR(CheckCudaDevice(device.index));
     for (const RailInfo& r : rails_) {
       if (!r.hmem_cuda) {
-        return absl::UnimplementedError(absl::StrCat(
-            "register: provider ", r.provider, " on ", r.domain, " cannot reach ",
-            device.ToString(), " memory (no FI_HMEM with CUDA in this libfabric)"));
+        return absl::UnimplementedError(
+            absl::StrCat("register: provider ", r.provider, " on ", r.domain, " cannot reach ",
+                         device.ToString(), " memory (no FI_HMEM with CUDA in this libfabric)"));
       }
     }
   }
@@ -408,9 +408,8 @@ absl::Status Engine::RegisterOnRails(uint64_t id, char* addr, uint64_t length, D
   size_t registered = 0;
   for (; registered < groups_.size() && status.ok(); ++registered) {
     std::vector<RailMr*> mrs;
-    status = groups_[registered]->RunAndWait([&](ProgressGroup& g) {
-      return g.RegisterRegion(id, addr, length, device, access, &mrs);
-    });
+    status = groups_[registered]->RunAndWait(
+        [&](ProgressGroup& g) { return g.RegisterRegion(id, addr, length, device, access, &mrs); });
     if (!status.ok()) break;
     for (size_t r = 0; r < rails_.size(); ++r) {
       if (rail_refs_[r].group != registered) continue;
@@ -440,8 +439,8 @@ absl::StatusOr<Window> Engine::OpenWindow(RegionId id, uint64_t offset, uint64_t
     auto it = regions_.find(id);
     if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", id));
     if (length == 0 || !InBounds(offset, length, it->second->length)) {
-      return absl::InvalidArgumentError(absl::StrCat("window [", offset, ", +", length,
-                                                     ") is empty or outside region ", id));
+      return absl::InvalidArgumentError(
+          absl::StrCat("window [", offset, ", +", length, ") is empty or outside region ", id));
     }
     addr = it->second->addr + offset;
     d.device = it->second->device;
@@ -539,8 +538,8 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
   if (peer.rails.empty()) return absl::InvalidArgumentError("peer has no rails");
   for (const std::string& a : peer.rails) {
     if (a.empty() || a.size() > kMaxAddress) {
-      return absl::InvalidArgumentError(absl::StrCat("peer rail address has ", a.size(),
-                                                     " bytes; want 1 to ", kMaxAddress));
+      return absl::InvalidArgumentError(
+          absl::StrCat("peer rail address has ", a.size(), " bytes; want 1 to ", kMaxAddress));
     }
   }
   if (peer.bell.size() > kMaxAddress) {
@@ -573,27 +572,27 @@ absl::StatusOr<PeerId> Engine::AddPeer(const PeerAddress& peer, absl::Time deadl
   const std::string hello = EncodeControl(ControlType::kHello, node_id_, "");
   for (size_t g = 0; g < groups_.size(); ++g) {
     auto done = std::make_shared<Completion>();
-    groups_[g]->Run([this, g, fi_addrs, answers_of, done, hello,
-                     remote = peer.rails](ProgressGroup& pg) {
-      absl::Status status;
-      for (size_t r = 0; r < rails_.size(); ++r) {
-        if (rail_refs_[r].group != g) continue;
-        // First contact: one small message per rail pair sets the connection up now, so the
-        // first transfer does not pay for it. A hello still unanswered from an earlier try is
-        // waited for instead of sent again.
-        auto contact =
-            pg.ContactAddress(rail_refs_[r].index_in_group, remote[r % remote.size()], hello);
-        if (!contact.ok()) {
-          if (status.ok()) status = contact.status();
-          (*answers_of)[r] = std::make_shared<Completion>();
-          (*answers_of)[r]->Set(contact.status());
-          continue;
-        }
-        (*fi_addrs)[r] = contact->addr;
-        (*answers_of)[r] = contact->hello;
-      }
-      done->Set(status);
-    });
+    groups_[g]->Run(
+        [this, g, fi_addrs, answers_of, done, hello, remote = peer.rails](ProgressGroup& pg) {
+          absl::Status status;
+          for (size_t r = 0; r < rails_.size(); ++r) {
+            if (rail_refs_[r].group != g) continue;
+            // First contact: one small message per rail pair sets the connection up now, so the
+            // first transfer does not pay for it. A hello still unanswered from an earlier try is
+            // waited for instead of sent again.
+            auto contact =
+                pg.ContactAddress(rail_refs_[r].index_in_group, remote[r % remote.size()], hello);
+            if (!contact.ok()) {
+              if (status.ok()) status = contact.status();
+              (*answers_of)[r] = std::make_shared<Completion>();
+              (*answers_of)[r]->Set(contact.status());
+              continue;
+            }
+            (*fi_addrs)[r] = contact->addr;
+            (*answers_of)[r] = contact->hello;
+          }
+          done->Set(status);
+        });
     inserted.push_back(done);
   }
   absl::Status status;
@@ -822,11 +821,12 @@ absl::Status Engine::RemovePeer(PeerId id) {
   const absl::Status gone =
       absl::UnavailableError(absl::StrCat("peer ", peer.address.node, " was removed"));
   for (size_t g = 0; g < groups_.size(); ++g) {
-    IgnoreError(groups_[g]->RunAndWait([&, addrs = GroupAddresses(g, peer.fi_addrs)](ProgressGroup& pg) {
-      pg.FailPeer(id, gone);
-      pg.ReleaseAddresses(addrs);
-      return absl::OkStatus();
-    }));
+    IgnoreError(
+        groups_[g]->RunAndWait([&, addrs = GroupAddresses(g, peer.fi_addrs)](ProgressGroup& pg) {
+          pg.FailPeer(id, gone);
+          pg.ReleaseAddresses(addrs);
+          return absl::OkStatus();
+        }));
   }
   RemoveBell(peer.bell);
   return absl::OkStatus();
@@ -844,14 +844,13 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
   }
   for (const Extent& e : req.dst) {
     if (e.region >= req.dst_regions.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("destination extent names region ", e.region, " of ",
-                       req.dst_regions.size()));
+      return absl::InvalidArgumentError(absl::StrCat("destination extent names region ", e.region,
+                                                     " of ", req.dst_regions.size()));
     }
     if (!InBounds(e.offset, e.length, req.dst_regions[e.region].length)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "destination extent [", e.offset, ", +", e.length, ") is outside its region of ",
-          req.dst_regions[e.region].length, " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("destination extent [", e.offset, ", +",
+                                                     e.length, ") is outside its region of ",
+                                                     req.dst_regions[e.region].length, " bytes"));
     }
   }
 
@@ -880,9 +879,9 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
       auto it = regions_.find(e.region);
       if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", e.region));
       if (!InBounds(e.offset, e.length, it->second->length)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "source extent [", e.offset, ", +", e.length, ") is outside region ", e.region,
-            " of ", it->second->length, " bytes"));
+        return absl::InvalidArgumentError(absl::StrCat("source extent [", e.offset, ", +", e.length,
+                                                       ") is outside region ", e.region, " of ",
+                                                       it->second->length, " bytes"));
       }
       local.try_emplace(e.region, LocalRegion{it->second->addr, it->second->descs});
       if (it->second->device.kind == Device::Kind::kCuda) state->from_gpu = true;
@@ -900,8 +899,8 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
     // Built under the lock only because it follows the plan; no libfabric call here.
     state->peer = req.peer;
     state->start = now;
-    state->deadline = req.deadline == absl::InfiniteFuture() ? now + kDefaultTransferDeadline
-                                                             : req.deadline;
+    state->deadline =
+        req.deadline == absl::InfiniteFuture() ? now + kDefaultTransferDeadline : req.deadline;
     state->engine = this;
     state->on_done = std::move(req.on_done);
     // What a part on any group needs to move a WRITE to another rail (FillPart).
@@ -923,84 +922,83 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
       for (auto& [id, region] : local) --regions_[id]->pins;
       nothing_to_write = true;
     } else {
-    std::vector<std::unique_ptr<Part>> parts(groups_.size());
-    for (size_t r = 0; r < rails_.size(); ++r) {
-      const size_t g = rail_refs_[r].group;
-      auto& part = parts[g];
-      if (!part) {
-        part = std::make_unique<Part>();
-        part->transfer = state;
-      }
-      for (const PlannedWrite& w : plan.rails[r]) part->unresolved += w.gathered ? 0 : 1;
-    }
-    for (auto& part : parts) {
-      if (part) part->ops.reserve(part->unresolved);
-    }
-    size_t last_rail = 0;
-    for (size_t r = 0; r < rails_.size(); ++r) {
-      Part& part = *parts[rail_refs_[r].group];
-      for (const PlannedWrite& w : plan.rails[r]) {
-        const RegionDescriptor& dst = req.dst_regions[w.dst_region];
-        if (!w.gathered) {
-          WriteOp& op = part.ops.emplace_back();
-          op.kind = OpKind::kWrite;
-          op.part = &part;
-          op.rail = rail_refs_[r].index_in_group;
-          op.desc = local[w.src_region].descs[r];
-          op.key = dst.keys[r % remote_rails];
-          op.dest = fi_addrs[r];
-          op.src_region = w.src_region;
-          op.dst_region = w.dst_region;
+      std::vector<std::unique_ptr<Part>> parts(groups_.size());
+      for (size_t r = 0; r < rails_.size(); ++r) {
+        const size_t g = rail_refs_[r].group;
+        auto& part = parts[g];
+        if (!part) {
+          part = std::make_unique<Part>();
+          part->transfer = state;
         }
-        WriteOp& op = part.ops.back();
-        op.local[op.pieces] = {local[w.src_region].addr + w.src_offset, w.length};
-        op.remote[op.pieces] = dst.RemoteAddress(w.dst_offset);
-        ++op.pieces;
-        op.length += w.length;
-        op.deliver = !rails_[r].ordered_writes || op.length > rails_[r].max_order_waw_size;
-        last_rail = r;
+        for (const PlannedWrite& w : plan.rails[r]) part->unresolved += w.gathered ? 0 : 1;
       }
-      // On a rail that applies WRITEs in order, delivery-complete on its last WRITE of this
-      // transfer covers every earlier one (fi_endpoint(3), msg_order FI_ORDER_RMA_WAW); the
-      // others complete at transmit, which saves the provider an ack each.
-      if (!plan.rails[r].empty()) part.ops.back().deliver = true;
-    }
-    if (req.immediate) {
-      Part& part = *parts[rail_refs_[last_rail].group];
-      WriteOp& tail = part.ops.back();
-      tail.immediate = true;
-      tail.deliver = true;
-      // The WRITE before the tail on its rail ends that rail's data: it needs its own
-      // delivery completion before the tail may go.
-      if (part.ops.size() > 1 && part.ops[part.ops.size() - 2].rail == tail.rail) {
-        part.ops[part.ops.size() - 2].deliver = true;
+      for (auto& part : parts) {
+        if (part) part->ops.reserve(part->unresolved);
       }
-      tail.data = *req.immediate;
-      tail.held = true;
-      state->tail = &tail;
-      state->tail_part = &part;
-      state->tail_group = groups_[rail_refs_[last_rail].group].get();
-    }
-    int alive = 0, data_pending = 0;
-    for (auto& part : parts) {
-      if (!part) continue;
-      part->data_unresolved = part->unresolved;
-      if (state->tail_part == part.get()) --part->data_unresolved;
-      ++alive;
-      if (part->data_unresolved > 0) ++data_pending;
-    }
-    state->parts_alive.store(alive);
-    state->parts_data_pending.store(data_pending + (state->tail != nullptr ? 1 : 0));
-    // Counted before any part runs (it may end before Submit returns); the peer is told.
-    ++peer->second.live;
-    state->counted = true;
-    RingBell(TakeRing(peer->second, now, RingKind::kBusy), RingKind::kBusy);
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      if (!parts[g]) continue;
-      groups_[g]->Run([p = std::move(parts[g])](ProgressGroup& pg) mutable {
-        pg.AddPart(std::move(p));
-      });
-    }
+      size_t last_rail = 0;
+      for (size_t r = 0; r < rails_.size(); ++r) {
+        Part& part = *parts[rail_refs_[r].group];
+        for (const PlannedWrite& w : plan.rails[r]) {
+          const RegionDescriptor& dst = req.dst_regions[w.dst_region];
+          if (!w.gathered) {
+            WriteOp& op = part.ops.emplace_back();
+            op.kind = OpKind::kWrite;
+            op.part = &part;
+            op.rail = rail_refs_[r].index_in_group;
+            op.desc = local[w.src_region].descs[r];
+            op.key = dst.keys[r % remote_rails];
+            op.dest = fi_addrs[r];
+            op.src_region = w.src_region;
+            op.dst_region = w.dst_region;
+          }
+          WriteOp& op = part.ops.back();
+          op.local[op.pieces] = {local[w.src_region].addr + w.src_offset, w.length};
+          op.remote[op.pieces] = dst.RemoteAddress(w.dst_offset);
+          ++op.pieces;
+          op.length += w.length;
+          op.deliver = !rails_[r].ordered_writes || op.length > rails_[r].max_order_waw_size;
+          last_rail = r;
+        }
+        // On a rail that applies WRITEs in order, delivery-complete on its last WRITE of this
+        // transfer covers every earlier one (fi_endpoint(3), msg_order FI_ORDER_RMA_WAW); the
+        // others complete at transmit, which saves the provider an ack each.
+        if (!plan.rails[r].empty()) part.ops.back().deliver = true;
+      }
+      if (req.immediate) {
+        Part& part = *parts[rail_refs_[last_rail].group];
+        WriteOp& tail = part.ops.back();
+        tail.immediate = true;
+        tail.deliver = true;
+        // The WRITE before the tail on its rail ends that rail's data: it needs its own
+        // delivery completion before the tail may go.
+        if (part.ops.size() > 1 && part.ops[part.ops.size() - 2].rail == tail.rail) {
+          part.ops[part.ops.size() - 2].deliver = true;
+        }
+        tail.data = *req.immediate;
+        tail.held = true;
+        state->tail = &tail;
+        state->tail_part = &part;
+        state->tail_group = groups_[rail_refs_[last_rail].group].get();
+      }
+      int alive = 0, data_pending = 0;
+      for (auto& part : parts) {
+        if (!part) continue;
+        part->data_unresolved = part->unresolved;
+        if (state->tail_part == part.get()) --part->data_unresolved;
+        ++alive;
+        if (part->data_unresolved > 0) ++data_pending;
+      }
+      state->parts_alive.store(alive);
+      state->parts_data_pending.store(data_pending + (state->tail != nullptr ? 1 : 0));
+      // Counted before any part runs (it may end before Submit returns); the peer is told.
+      ++peer->second.live;
+      state->counted = true;
+      RingBell(TakeRing(peer->second, now, RingKind::kBusy), RingKind::kBusy);
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        if (!parts[g]) continue;
+        groups_[g]->Run(
+            [p = std::move(parts[g])](ProgressGroup& pg) mutable { pg.AddPart(std::move(p)); });
+      }
     }
   }
   // Outside the lock: on_done may call back into the engine.
@@ -1023,8 +1021,8 @@ void Engine::PostControl(PeerId peer, std::string payload,
                          std::function<void(const absl::Status&)> done) {
   if (!done) done = [](const absl::Status&) {};
   if (payload.size() > options_.max_message) {
-    return done(absl::InvalidArgumentError(absl::StrCat(
-        "control message of ", payload.size(), " bytes exceeds ", options_.max_message)));
+    return done(absl::InvalidArgumentError(absl::StrCat("control message of ", payload.size(),
+                                                        " bytes exceeds ", options_.max_message)));
   }
   auto send = std::make_shared<ControlSend>();
   {
@@ -1099,9 +1097,8 @@ void Engine::FramesSent(std::shared_ptr<ControlSend> send, size_t rail, absl::St
     }
   }
   if (++send->tries >= rails_.size()) {
-    return send->done(
-        absl::UnavailableError(absl::StrCat("control message to the peer lost on every rail (",
-                                            send->errors, ")")));
+    return send->done(absl::UnavailableError(
+        absl::StrCat("control message to the peer lost on every rail (", send->errors, ")")));
   }
   SendFrames(std::move(send));  // the whole message again on the next rail
 }
@@ -1160,8 +1157,10 @@ void Engine::OnFragment(std::string_view sender, std::string_view frame) {
         m.started = now;
       }
       if (m.parts.size() != count || partial_bytes_ + r.left() > kPartialMessageBytes) {
-        spdlog::warn("dropped a control fragment from {}: inconsistent, or over the bytes kept "
-                     "for unfinished messages", std::string(sender));
+        spdlog::warn(
+            "dropped a control fragment from {}: inconsistent, or over the bytes kept "
+            "for unfinished messages",
+            std::string(sender));
         return;
       }
       if (!m.parts[index].empty()) return;  // a copy of a fragment that came already

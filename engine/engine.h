@@ -4,12 +4,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <deque>
+#include <functional>
 #include <map>
-#include <set>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -136,7 +136,7 @@ struct RailInfo {
   std::string domain;    // domain name (one NIC)
   std::string address;   // raw endpoint name from fi_getname
   uint64_t max_msg_size = 0;
-  size_t tx_depth = 0;   // WRITEs in flight this engine allows on the rail
+  size_t tx_depth = 0;  // WRITEs in flight this engine allows on the rail
   size_t inject_size = 0;
   uint64_t mr_mode = 0;  // the mr_mode bits the provider granted
   size_t cq_data_size = 0;
@@ -160,7 +160,7 @@ struct RailInfo {
 struct TransferStats {
   uint64_t bytes = 0;
   uint64_t writes = 0;
-  double seconds = 0;  // from submission to the last completion
+  double seconds = 0;                    // from submission to the last completion
   std::vector<uint64_t> bytes_per_rail;  // where the bytes went, re-sent ones included
   // WRITEs sent again on another rail after theirs failed or stalled, and the rails (engine
   // indices) that failed during the transfer.
@@ -368,8 +368,9 @@ class Engine {
   AwakeToken KeepAwake();
 
   // A counter that fires (runs `on_fire` once, on the thread that sees the count reached: a
-  // progress thread, or this one) when `count` immediates with value `tag` have landed. Immediates that landed before the counter existed count.
-  // kAlreadyExists: a counter for `tag` is armed. kInvalidArgument: count is 0.
+  // progress thread, or this one) when `count` immediates with value `tag` have landed. Immediates
+  // that landed before the counter existed count. kAlreadyExists: a counter for `tag` is armed.
+  // kInvalidArgument: count is 0.
   absl::StatusOr<std::shared_ptr<ImmediateCounter>> ExpectImmediates(
       uint64_t tag, uint64_t count, std::function<void()> on_fire = nullptr);
 
@@ -431,12 +432,12 @@ class Engine {
 
   struct Peer {
     PeerAddress address;
-    std::vector<uint64_t> fi_addrs;  // per local rail
-    uint64_t bell;                   // in group 0's bell AV; FI_ADDR_NOTAVAIL: none
-    absl::Time woken = absl::InfinitePast();  // last kWake ring
+    std::vector<uint64_t> fi_addrs;            // per local rail
+    uint64_t bell;                             // in group 0's bell AV; FI_ADDR_NOTAVAIL: none
+    absl::Time woken = absl::InfinitePast();   // last kWake ring
     absl::Time busied = absl::InfinitePast();  // last kBusy ring
-    int live = 0;                    // transfers to it not yet ended
-    size_t control_rail = 0;         // where its control messages go first
+    int live = 0;                              // transfers to it not yet ended
+    size_t control_rail = 0;                   // where its control messages go first
   };
   // A control message whose fragments are still coming.
   struct PartialMessage {

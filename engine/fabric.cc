@@ -56,8 +56,8 @@ absl::StatusOr<std::string> ProviderFilter(std::string_view provider) {
   if (provider == "verbs") return std::string("verbs;ofi_rxm");
   if (provider == "efa" || provider == "shm") return std::string(provider);
   if (provider == "auto") return std::string();
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown provider '", std::string(provider), "': want auto, efa, verbs, tcp or shm"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown provider '", std::string(provider),
+                                                 "': want auto, efa, verbs, tcp or shm"));
 }
 
 std::string LibfabricVersion() {

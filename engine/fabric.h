@@ -58,7 +58,8 @@ using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
 // Converts a negative libfabric return code into a Status, with the call's name as context.
 // -FI_EAGAIN -> kUnavailable, -FI_ENOMEM -> kResourceExhausted, -FI_ENOSYS / -FI_EOPNOTSUPP ->
 // kUnimplemented, -FI_ENODATA -> kNotFound, -FI_EINVAL -> kInvalidArgument, -FI_ETIMEDOUT ->
-// kDeadlineExceeded, -FI_ECONNREFUSED, -FI_ENETUNREACH and the like -> kUnavailable, else kInternal.
+// kDeadlineExceeded, -FI_ECONNREFUSED, -FI_ENETUNREACH and the like -> kUnavailable, else
+// kInternal.
 absl::Status FiError(ssize_t rc, std::string_view call);
 
 // Maps the user-facing provider names onto libfabric's: "tcp" -> "tcp;ofi_rxm",

@@ -25,11 +25,19 @@ std::vector<PlannedWrite> Intersect(const std::vector<Extent>& src,
   size_t si = 0, di = 0;
   uint64_t s_used = 0, d_used = 0;  // bytes consumed of src[si] / dst[di]
   while (si < src.size() && di < dst.size()) {
-    if (src[si].length == s_used) { ++si; s_used = 0; continue; }
-    if (dst[di].length == d_used) { ++di; d_used = 0; continue; }
+    if (src[si].length == s_used) {
+      ++si;
+      s_used = 0;
+      continue;
+    }
+    if (dst[di].length == d_used) {
+      ++di;
+      d_used = 0;
+      continue;
+    }
     const uint64_t n = std::min(src[si].length - s_used, dst[di].length - d_used);
-    PlannedWrite w{src[si].region, src[si].offset + s_used, dst[di].region,
-                   dst[di].offset + d_used, n};
+    PlannedWrite w{src[si].region, src[si].offset + s_used, dst[di].region, dst[di].offset + d_used,
+                   n};
     if (!pieces.empty()) {
       PlannedWrite& last = pieces.back();
       if (last.src_region == w.src_region && last.dst_region == w.dst_region &&
@@ -58,8 +66,8 @@ absl::StatusOr<Plan> MakePlan(const std::vector<Extent>& src, const std::vector<
   auto dst_total = Total(dst, "destination");
   if (!dst_total.ok()) return dst_total.status();
   if (*src_total != *dst_total) {
-    return absl::InvalidArgumentError(absl::StrCat("source has ", *src_total,
-                                                   " bytes, destination ", *dst_total));
+    return absl::InvalidArgumentError(
+        absl::StrCat("source has ", *src_total, " bytes, destination ", *dst_total));
   }
   Plan plan;
   plan.bytes = *src_total;
@@ -83,8 +91,7 @@ absl::StatusOr<Plan> MakePlan(const std::vector<Extent>& src, const std::vector<
       }
       const uint64_t n = std::min({piece.length, bound(rail + 1) - pos, options.max_write});
       std::vector<PlannedWrite>& out = plan.rails[rail];
-      const bool gathered = iovs > 0 && iovs < options.max_iov &&
-                            bytes + n <= options.max_write &&
+      const bool gathered = iovs > 0 && iovs < options.max_iov && bytes + n <= options.max_write &&
                             out.back().src_region == piece.src_region &&
                             out.back().dst_region == piece.dst_region;
       out.push_back(

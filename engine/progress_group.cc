@@ -9,8 +9,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "engine/control.h"
 #include "base/status.h"
+#include "engine/control.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::engine {
@@ -89,9 +89,10 @@ bool TransferState::Finish(absl::Status s) {
 ProgressGroup::ProgressGroup(Engine* engine, size_t index, const EngineOptions& options)
     : engine_(engine), index_(index), options_(options) {}
 
-absl::StatusOr<std::unique_ptr<ProgressGroup>> ProgressGroup::Start(
-    Engine* engine, size_t index, std::vector<InfoPtr> infos, const EngineOptions& options,
-    Binder bind) {
+absl::StatusOr<std::unique_ptr<ProgressGroup>> ProgressGroup::Start(Engine* engine, size_t index,
+                                                                    std::vector<InfoPtr> infos,
+                                                                    const EngineOptions& options,
+                                                                    Binder bind) {
   std::unique_ptr<ProgressGroup> group(new ProgressGroup(engine, index, options));
   group->event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   group->epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -142,8 +143,8 @@ absl::Status ProgressGroup::RunAndWait(absl::AnyInvocable<absl::Status(ProgressG
 absl::Status ProgressGroup::OpenRails(std::vector<InfoPtr> infos) {
   control_slot_ = ControlFrameCapacity(options_.max_control);
   for (InfoPtr& info : infos) {
-    ASSIGN_OR_RETURN(auto rs, OpenRail(*info, options_.wait_fds,
-                                       std::max<size_t>(options_.recv_pool, 1)));
+    ASSIGN_OR_RETURN(auto rs,
+                     OpenRail(*info, options_.wait_fds, std::max<size_t>(options_.recv_pool, 1)));
     if (rs->rail->wait_fd() < 0) all_fd_ = false;
     rails_.push_back(std::move(rs));
   }
@@ -164,9 +165,8 @@ absl::StatusOr<std::unique_ptr<ProgressGroup::RailState>> ProgressGroup::OpenRai
   ASSIGN_OR_RETURN(rs->rail, Rail::Open(info, options_.tx_depth, wait_fd, options_.hmem_dmabuf));
   rs->depth = rs->rail->rail_info().tx_depth;
   rs->arena.resize((nrecv + kSendSlots) * control_slot_);
-  ASSIGN_OR_RETURN(rs->arena_mr,
-                   rs->rail->Register(rs->arena.data(), rs->arena.size(), RandomMrKey(),
-                                      FI_SEND | FI_RECV));
+  ASSIGN_OR_RETURN(rs->arena_mr, rs->rail->Register(rs->arena.data(), rs->arena.size(),
+                                                    RandomMrKey(), FI_SEND | FI_RECV));
   rs->recvs.resize(nrecv);
   for (size_t i = 0; i < nrecv; ++i) {
     rs->recvs[i].kind = OpKind::kRecv;
@@ -276,8 +276,7 @@ void ProgressGroup::Block(bool soon, absl::Duration idle) {
     for (auto& rs : rails_) {
       if (!trywait(*rs)) return;
     }
-  } else if (soon || !engine_->has_bell_ || idle < kBellLinger ||
-             engine_->Woken(absl::Now())) {
+  } else if (soon || !engine_->has_bell_ || idle < kBellLinger || engine_->Woken(absl::Now())) {
     // Rails without wait fds: polled every kScanPeriod while anything may come on them.
     timeout_ms = scan_ms;
   }
@@ -315,8 +314,7 @@ void ProgressGroup::RemoveBell(fi_addr_t bell) {
   ReleaseAddress(*bell_, bell);
 }
 
-absl::StatusOr<fi_addr_t> ProgressGroup::AcquireAddress(RailState& rs,
-                                                        const std::string& address) {
+absl::StatusOr<fi_addr_t> ProgressGroup::AcquireAddress(RailState& rs, const std::string& address) {
   auto known = rs.av_by_name.find(address);
   if (known != rs.av_by_name.end()) {
     ++rs.av[known->second].users;
@@ -397,8 +395,8 @@ absl::StatusOr<std::shared_ptr<Completion>> ProgressGroup::Hello(size_t rail, fi
     auto done = std::make_shared<Completion>();
     QueueSendOn(rs, addr, hello, done, /*first_contact=*/true);
     if (done->Wait(absl::InfinitePast()).code() == absl::StatusCode::kResourceExhausted) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "rail ", engine_->EngineRail(index_, rail), ": too many first contacts unanswered"));
+      return absl::ResourceExhaustedError(absl::StrCat("rail ", engine_->EngineRail(index_, rail),
+                                                       ": too many first contacts unanswered"));
     }
     e.hello = std::move(done);
   }
@@ -410,10 +408,10 @@ void ProgressGroup::Ring(fi_addr_t bell, RingKind kind) {
   if (!bells_.contains(bell) || bell_->free_sends.size() <= kReservedSendSlots) return;
   // Nobody waits for a ring: a lost one is made up for by the next, or by the sleeper's
   // once-a-second poll.
-  QueueSendOn(*bell_, bell,
-              EncodeControl(ControlType::kBell, engine_->node_id_,
-                            std::string(1, static_cast<char>(kind))),
-              std::make_shared<Completion>());
+  QueueSendOn(
+      *bell_, bell,
+      EncodeControl(ControlType::kBell, engine_->node_id_, std::string(1, static_cast<char>(kind))),
+      std::make_shared<Completion>());
 }
 
 int ProgressGroup::WaitFds(int timeout_ms) {
@@ -445,8 +443,8 @@ bool ProgressGroup::DrainInbox() {
 void ProgressGroup::PostRecv(RailState& rs, RecvOp& op) {
   ssize_t rc;
   do {
-    rc = fi_recv(rs.rail->ep(), op.buffer, control_slot_, rs.arena_mr.desc, FI_ADDR_UNSPEC,
-                 &op.ctx);
+    rc =
+        fi_recv(rs.rail->ep(), op.buffer, control_slot_, rs.arena_mr.desc, FI_ADDR_UNSPEC, &op.ctx);
     if (rc == -FI_EAGAIN) fi_cq_read(rs.rail->cq(), nullptr, 0);  // progress, then retry
   } while (rc == -FI_EAGAIN && !stop_.load(std::memory_order_relaxed));
   if (rc != 0 && rc != -FI_EAGAIN) spdlog::error("{}", FiError(rc, "fi_recv").ToString());
@@ -480,11 +478,11 @@ size_t ProgressGroup::PollCq(RailState& rs) {
     if (fi_cq_readerr(rs.rail->cq(), &err, 0) != 1) return 0;
     auto* op = static_cast<OpBase*>(err.op_context);
     char buf[256];
-    const char* detail = fi_cq_strerror(rs.rail->cq(), err.prov_errno, err.err_data, buf,
-                                        sizeof(buf));
-    const absl::Status s = AsRailFailure(
-        FiError(err.err, absl::StrCat("completion error (prov_errno ", err.prov_errno, ": ",
-                                      detail ? detail : "?", ")")));
+    const char* detail =
+        fi_cq_strerror(rs.rail->cq(), err.prov_errno, err.err_data, buf, sizeof(buf));
+    const absl::Status s =
+        AsRailFailure(FiError(err.err, absl::StrCat("completion error (prov_errno ", err.prov_errno,
+                                                    ": ", detail ? detail : "?", ")")));
     if (op == nullptr) return 1;
     switch (op->kind) {
       case OpKind::kWrite:
@@ -723,8 +721,8 @@ void ProgressGroup::CheckSends(RailState& rs, absl::Time now) {
     }
   }
   for (SendOp* op : stalled) {
-    const absl::Status why = absl::UnavailableError(absl::StrCat(
-        "no completion for ", absl::FormatDuration(options_.rail_stall_timeout)));
+    const absl::Status why = absl::UnavailableError(
+        absl::StrCat("no completion for ", absl::FormatDuration(options_.rail_stall_timeout)));
     auto queued = std::find(rs.pending_sends.begin(), rs.pending_sends.end(), op);
     if (queued != rs.pending_sends.end()) {  // never posted: its slot is free again
       rs.pending_sends.erase(queued);
@@ -775,7 +773,8 @@ void ProgressGroup::QueueSendOn(RailState& rs, fi_addr_t dest, std::string messa
     if (done) done->Set(s);
     if (callback) callback(s);
   };
-  if (message.size() > control_slot_) return refuse(absl::InvalidArgumentError("control message too large"));
+  if (message.size() > control_slot_)
+    return refuse(absl::InvalidArgumentError("control message too large"));
   if (rs.free_sends.size() <= (first_contact ? kReservedSendSlots : 0)) {
     return refuse(absl::ResourceExhaustedError("all control send slots are in use"));
   }
@@ -980,8 +979,8 @@ void ProgressGroup::ScanParts() {
     // The peer stays awake while our WRITEs go (an ended transfer has rung kDone).
     if (!t.finished.load(std::memory_order_acquire)) engine_->Ring(t.peer, now, RingKind::kBusy);
     if (!t.finished.load(std::memory_order_acquire) && now >= t.deadline) {
-      t.Finish(absl::DeadlineExceededError(
-          absl::StrCat("transfer ", t.id, " passed its deadline")));
+      t.Finish(
+          absl::DeadlineExceededError(absl::StrCat("transfer ", t.id, " passed its deadline")));
     }
     if (t.finished.load(std::memory_order_acquire)) to_kill.push_back(p);
   }
@@ -1074,7 +1073,7 @@ void ProgressGroup::RailDown(size_t rail, PeerId peer, const absl::Status& why) 
 }
 
 void ProgressGroup::ResendFrom(size_t rail, PeerId peer,
-                                absl::FunctionRef<bool(const Part&, const WriteOp&)> pick) {
+                               absl::FunctionRef<bool(const Part&, const WriteOp&)> pick) {
   std::vector<std::pair<Part*, std::vector<WriteOp*>>> lost;
   for (auto& [p, owned] : parts_) {
     TransferState& t = *p->transfer;
@@ -1170,12 +1169,10 @@ void ProgressGroup::OfferOn(std::unique_ptr<Part> part) {
   const absl::Time now = absl::Now();
   for (size_t k = 0; k < rails_.size(); ++k) {
     auto h = rails_[k]->health.find(t.peer);
-    absl::StrAppend(&part->why, part->why.empty() ? "" : "; ", "rail ",
-                    engine_->EngineRail(index_, k), " (", rails_[k]->rail->rail_info().domain,
-                    "): ",
-                    h != rails_[k]->health.end() && now < h->second.resting_until
-                        ? h->second.why
-                        : "unusable");
+    absl::StrAppend(
+        &part->why, part->why.empty() ? "" : "; ", "rail ", engine_->EngineRail(index_, k), " (",
+        rails_[k]->rail->rail_info().domain, "): ",
+        h != rails_[k]->health.end() && now < h->second.resting_until ? h->second.why : "unusable");
   }
   for (WriteOp& op : part->ops) {
     if (op.rail != kNoRail) Unplace(&op, /*failover=*/true);

@@ -69,12 +69,12 @@ struct WriteOp : OpBase {
   std::array<iovec, kMaxIov> local = {};
   std::array<uint64_t, kMaxIov> remote = {};
   uint8_t pieces = 0;
-  void* desc = nullptr;   // the source region's, on `rail`
-  uint64_t length = 0;    // its pieces' bytes together
-  uint64_t key = 0;       // the destination region's, on `rail`
+  void* desc = nullptr;  // the source region's, on `rail`
+  uint64_t length = 0;   // its pieces' bytes together
+  uint64_t key = 0;      // the destination region's, on `rail`
   fi_addr_t dest = FI_ADDR_UNSPEC;
   bool immediate = false;
-  bool held = false;     // the tail, held back until every other WRITE has completed
+  bool held = false;    // the tail, held back until every other WRITE has completed
   bool deliver = true;  // ask for FI_DELIVERY_COMPLETE (where the provider has it)
   uint64_t data = 0;
   RegionId src_region = 0;  // what a move to another rail looks up in its Part
@@ -93,7 +93,7 @@ struct SendOp : OpBase {
   size_t slot = 0;
   size_t length = 0;
   fi_addr_t dest = FI_ADDR_UNSPEC;
-  bool posted = false;  // handed to the provider (its completion is still to come)
+  bool posted = false;               // handed to the provider (its completion is still to come)
   std::shared_ptr<Completion> done;  // shared with the sender, who waits on it
   SendCallback callback;             // or called
   absl::Time since;                  // queued
@@ -113,8 +113,8 @@ struct TransferState {
   absl::Time start;
   absl::Time deadline;
   Engine* engine = nullptr;
-  bool counted = false;  // in the engine's count of the peer's live transfers
-  bool from_gpu = false;  // a source region is GPU memory
+  bool counted = false;          // in the engine's count of the peer's live transfers
+  bool from_gpu = false;         // a source region is GPU memory
   std::vector<RegionId> pinned;  // released once every part has retired
   // What a part on any group needs to address its WRITEs (Engine::FillPart): the peer's
   // address per engine rail, each source region's descriptor per engine rail, the
@@ -124,12 +124,12 @@ struct TransferState {
   std::vector<RegionDescriptor> dst_regions;
   size_t remote_rails = 1;
 
-  std::atomic<bool> finished{false};       // a result is set: queued work is dropped
+  std::atomic<bool> finished{false};  // a result is set: queued work is dropped
   // Parts whose non-tail WRITEs are not all done, plus one, when there is a tail, that the
   // tail group drops once it holds the tail's part (AddPart): the tail is queued by whoever
   // takes this to 0, exactly once, and never before its part is in its group.
   std::atomic<int> parts_data_pending{0};
-  std::atomic<int> parts_alive{0};         // parts whose ops are not all resolved
+  std::atomic<int> parts_alive{0};  // parts whose ops are not all resolved
   // The WRITE that carries the immediate, held back until every other WRITE has completed.
   // It lives in `tail_part`, owned by `tail_group`: other groups compare these pointers but
   // never dereference them (the part may already be freed there).
@@ -156,7 +156,7 @@ struct TransferState {
 // The share of a transfer on one group. Touched only by that group's thread.
 struct Part {
   std::shared_ptr<TransferState> transfer;  // shared across the transfer's parts
-  std::vector<WriteOp> ops;  // never resized once queued: ops are libfabric contexts
+  std::vector<WriteOp> ops;                 // never resized once queued: ops are libfabric contexts
   std::deque<WriteOp> resent;  // WRITEs sent again on another rail (a deque: stable addresses)
   // Per rail of the group: the peer's address, each source region's descriptor, each
   // destination region's key (what a WRITE needs to move to that rail).
@@ -167,7 +167,7 @@ struct Part {
   // that completed there. On a rail that keeps WRITEs in order it vouches for every earlier
   // one; a WRITE posted after it that completed at transmit may still sit in the rail's queues.
   std::vector<uint64_t> delivered;
-  size_t unresolved = 0;     // ops not yet completed, failed or dropped (tail included)
+  size_t unresolved = 0;  // ops not yet completed, failed or dropped (tail included)
   size_t data_unresolved = 0;
   // A part of WRITEs that a group with no usable rail to the peer handed on (Handover): the
   // groups offered it so far, and why their rails could not carry it.
@@ -193,9 +193,10 @@ class ProgressGroup {
   using Binder = absl::AnyInvocable<absl::Status()>;
   // Starts the thread, which binds itself, then opens `infos` as rails (tx_depth 0: the
   // provider's). kOk once every rail is open and its receive pool is posted.
-  static absl::StatusOr<std::unique_ptr<ProgressGroup>> Start(
-      Engine* engine, size_t index, std::vector<InfoPtr> infos, const EngineOptions& options,
-      Binder bind = nullptr);
+  static absl::StatusOr<std::unique_ptr<ProgressGroup>> Start(Engine* engine, size_t index,
+                                                              std::vector<InfoPtr> infos,
+                                                              const EngineOptions& options,
+                                                              Binder bind = nullptr);
   // Stops the loop; the thread fails what is left, closes MRs, then rails.
   ~ProgressGroup();
 
@@ -257,19 +258,19 @@ class ProgressGroup {
  private:
   // How a rail is doing with one peer.
   struct PeerHealth {
-    size_t in_flight = 0;        // WRITEs posted, completion not seen
-    absl::Time last_progress;    // last completion, or the post that found none in flight
+    size_t in_flight = 0;      // WRITEs posted, completion not seen
+    absl::Time last_progress;  // last completion, or the post that found none in flight
     absl::Time resting_until = absl::InfinitePast();  // down: no new WRITEs before then
-    absl::Duration backoff;      // the last rest; zero once a WRITE completes again
-    std::string why;             // what took it down last
+    absl::Duration backoff;  // the last rest; zero once a WRITE completes again
+    std::string why;         // what took it down last
   };
   // A peer address in a rail's AV. It stays there while a peer names it or the provider holds
   // an operation for it: tcp;ofi_rxm (1.17) crashes on the next post after an address was
   // removed under a queued operation (a hello to a peer that never answers stays queued).
   struct AvEntry {
     std::string name;
-    size_t users = 0;  // peers (or bells) that hold it
-    size_t ops = 0;    // operations posted to it whose completion has not come
+    size_t users = 0;                   // peers (or bells) that hold it
+    size_t ops = 0;                     // operations posted to it whose completion has not come
     std::shared_ptr<Completion> hello;  // an unanswered first contact
   };
   struct RailState {
@@ -409,10 +410,10 @@ class ProgressGroup {
   absl::Time next_send_check_ = absl::InfinitePast();
   int epoll_fd_ = -1;
   int event_fd_ = -1;
-  bool all_fd_ = true;  // every rail's CQ has a wait fd
-  std::unique_ptr<RailState> bell_;  // group 0's, where the provider gives it a wait fd
+  bool all_fd_ = true;                         // every rail's CQ has a wait fd
+  std::unique_ptr<RailState> bell_;            // group 0's, where the provider gives it a wait fd
   absl::flat_hash_map<fi_addr_t, int> bells_;  // peers' bells in its AV, and how many peers each
-  bool bell_ready_ = false;          // its fd was readable
+  bool bell_ready_ = false;                    // its fd was readable
   absl::Time next_bell_poll_ = absl::InfinitePast();
   size_t control_slot_ = 0;
 

@@ -1,4 +1,3 @@
-#include "base/ids.h"
 #include "engine/rail.h"
 
 #include <unistd.h>
@@ -9,8 +8,9 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "engine/cuda.h"
+#include "base/ids.h"
 #include "base/status.h"
+#include "engine/cuda.h"
 #include "engine/types.h"
 
 namespace ferry::engine {
@@ -38,8 +38,8 @@ int RemoveShmLeftovers(pid_t pid) {
 
 uint64_t RandomMrKey() { return RandomU64(); }
 
-absl::StatusOr<std::unique_ptr<Rail>> Rail::Open(const fi_info& info, size_t tx_depth,
-                                                 bool wait_fd, bool dmabuf) {
+absl::StatusOr<std::unique_ptr<Rail>> Rail::Open(const fi_info& info, size_t tx_depth, bool wait_fd,
+                                                 bool dmabuf) {
   std::unique_ptr<Rail> rail(new Rail());
   rail->info_.reset(fi_dupinfo(&info));
   if (!rail->info_) return absl::ResourceExhaustedError("fi_dupinfo failed");
@@ -78,7 +78,8 @@ absl::StatusOr<std::unique_ptr<Rail>> Rail::Open(const fi_info& info, size_t tx_
   RETURN_IF_ERROR(Check(rc, "fi_cq_open"));
   rail->cq_.reset(cq);
   if (cq_attr.wait_obj == FI_WAIT_FD) {
-    RETURN_IF_ERROR(Check(fi_control(&cq->fid, FI_GETWAIT, &rail->wait_fd_), "fi_control(GETWAIT)"));
+    RETURN_IF_ERROR(
+        Check(fi_control(&cq->fid, FI_GETWAIT, &rail->wait_fd_), "fi_control(GETWAIT)"));
   }
 
   fid_ep* ep = nullptr;
@@ -92,9 +93,9 @@ absl::StatusOr<std::unique_ptr<Rail>> Rail::Open(const fi_info& info, size_t tx_
     // part makes the name unique; the pid stays in it so that whoever killed the process
     // can find what it left (RemoveShmLeftovers).
     const std::string shm_name = absl::StrCat(kShmNamePrefix, getpid(), "-", RandomId());
-    RETURN_IF_ERROR(Check(fi_setname(&ep->fid, const_cast<char*>(shm_name.c_str()),
-                                     shm_name.size() + 1),
-                          "fi_setname"));
+    RETURN_IF_ERROR(
+        Check(fi_setname(&ep->fid, const_cast<char*>(shm_name.c_str()), shm_name.size() + 1),
+              "fi_setname"));
   }
   RETURN_IF_ERROR(Check(fi_enable(ep), "fi_enable"));
 

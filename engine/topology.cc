@@ -251,11 +251,15 @@ std::string DescribePlacement(const std::vector<RailGroup>& groups) {
   std::string out;
   for (const RailGroup& g : groups) {
     std::vector<std::string> nics;
-    for (const NicRef& n : g.nics) nics.push_back(n.pci.empty() ? n.name : n.name + " (" + n.pci + ")");
-    absl::StrAppend(&out, g.gpu < 0 ? std::string("host memory") : absl::StrCat("gpu", g.gpu, " (", g.gpu_pci, ")"),
-                    " -> ", nics.empty() ? "no NIC under its switch (uses the host group)" : absl::StrJoin(nics, ", "),
-                    " -> numa ", absl::StrJoin(g.numa_nodes, ","), " -> cores ",
-                    absl::StrJoin(g.cores, ","), "\n");
+    for (const NicRef& n : g.nics)
+      nics.push_back(n.pci.empty() ? n.name : n.name + " (" + n.pci + ")");
+    absl::StrAppend(
+        &out,
+        g.gpu < 0 ? std::string("host memory") : absl::StrCat("gpu", g.gpu, " (", g.gpu_pci, ")"),
+        " -> ",
+        nics.empty() ? "no NIC under its switch (uses the host group)" : absl::StrJoin(nics, ", "),
+        " -> numa ", absl::StrJoin(g.numa_nodes, ","), " -> cores ", absl::StrJoin(g.cores, ","),
+        "\n");
   }
   return out;
 }

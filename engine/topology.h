@@ -21,7 +21,7 @@ struct NicRef {
 
 // The rails one progress thread drives, and where that thread runs.
 struct RailGroup {
-  int gpu = -1;             // index in PCI bus order; -1: the host-memory group
+  int gpu = -1;  // index in PCI bus order; -1: the host-memory group
   std::string gpu_pci;
   std::vector<NicRef> nics;
   std::vector<unsigned> numa_nodes;  // OS indexes
@@ -48,10 +48,10 @@ class Topology {
 
   // One group per GPU with the NICs under its own PCIe switch (the deepest common ancestor of
   // the two is a PCI-to-PCI bridge): a switch's NICs are dealt evenly to its GPUs, or shared
-  // when it has fewer NICs than GPUs. NICs with no GPU under their switch, or that hwloc cannot find (by PCI address, else
-  // by name), form the host-memory group (gpu -1), last. Each group runs on the cores of its
-  // GPU's (or its NICs') package or NUMA node. Every GPU has a group, with no NICs when none
-  // is under its switch (its transfers then go through the host group).
+  // when it has fewer NICs than GPUs. NICs with no GPU under their switch, or that hwloc cannot
+  // find (by PCI address, else by name), form the host-memory group (gpu -1), last. Each group runs
+  // on the cores of its GPU's (or its NICs') package or NUMA node. Every GPU has a group, with no
+  // NICs when none is under its switch (its transfers then go through the host group).
   std::vector<RailGroup> Place(const std::vector<NicRef>& nics) const;
 
   // Binds the calling thread to the group's cores and its memory allocations to the group's

@@ -7,13 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "base/status.h"
-#include "wire/http_status.h"
 #include "base/bytes.h"
 #include "base/ids.h"
+#include "base/status.h"
 #include "nlohmann/json.hpp"
 #include "rocksdb/db.h"
 #include "rocksdb/write_batch.h"
+#include "wire/http_status.h"
 
 namespace ferry::metadata {
 namespace {
@@ -108,8 +108,8 @@ absl::StatusOr<ObjectRecord> DecodeJsonRecord(const std::string& value) {
     r.size = j.at("size").get<uint64_t>();
     r.created_ms = j.at("created_ms").get<int64_t>();
     for (const auto& e : j.at("extents")) {
-      r.extents.push_back({e.at(0).get<uint64_t>(), e.at(1).get<uint64_t>(),
-                           e.at(2).get<uint64_t>()});
+      r.extents.push_back(
+          {e.at(0).get<uint64_t>(), e.at(1).get<uint64_t>(), e.at(2).get<uint64_t>()});
     }
     return r;
   } catch (const nlohmann::json::exception& e) {
@@ -218,7 +218,8 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
   std::string value;
   rocksdb::Status s = db->Get({}, c->meta_, kSchemaKey, &value);
   if (s.ok() && value == kOlderSchemaVersion) {
-    RETURN_IF_ERROR(FromRocksDb(db->Put(wo, c->meta_, kSchemaKey, kSchemaVersion), "upgrade schema"));
+    RETURN_IF_ERROR(
+        FromRocksDb(db->Put(wo, c->meta_, kSchemaKey, kSchemaVersion), "upgrade schema"));
     value = kSchemaVersion;
   }
   if (s.ok() && value != kSchemaVersion) {
@@ -253,7 +254,8 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
 
 Catalog::~Catalog() {
   if (db_) {
-    for (rocksdb::ColumnFamilyHandle* h : handles_) IgnoreError(FromRocksDb(db_->DestroyColumnFamilyHandle(h), "close"));
+    for (rocksdb::ColumnFamilyHandle* h : handles_)
+      IgnoreError(FromRocksDb(db_->DestroyColumnFamilyHandle(h), "close"));
     IgnoreError(FromRocksDb(db_->Close(), "close catalog"));
   }
 }
@@ -275,15 +277,15 @@ absl::StatusOr<uint64_t> Catalog::NextRegionId() {
   const uint64_t id = DecodeU64(value);
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync;
-  RETURN_IF_ERROR(FromRocksDb(db_->Put(wo, meta_, kNextRegionKey, EncodeU64(id + 1)),
-                              "write region id"));
+  RETURN_IF_ERROR(
+      FromRocksDb(db_->Put(wo, meta_, kNextRegionKey, EncodeU64(id + 1)), "write region id"));
   return id;
 }
 
 absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
-                                              const std::vector<Extent>& extents,
-                                              bool replace, std::set<uint64_t>* released,
-                                              bool durable, const PublishExtras& extras) {
+                                              const std::vector<Extent>& extents, bool replace,
+                                              std::set<uint64_t>* released, bool durable,
+                                              const PublishExtras& extras) {
   RETURN_IF_ERROR(ValidateObjectName(name));
   ObjectRecord r;
   r.name = name;
@@ -307,16 +309,17 @@ absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
                                    : 0;
   if (extras.if_latest) RETURN_IF_ERROR(CheckLatest(name, now, *extras.if_latest));
   if (extras.version && *extras.version <= now) {
-    return PreconditionFailed(absl::StrCat("version ", *extras.version, " of object '",
-                                          name, "' is not above its latest, ", now));
+    return PreconditionFailed(absl::StrCat("version ", *extras.version, " of object '", name,
+                                           "' is not above its latest, ", now));
   }
   if ((s.ok() || in_memory) && !replace) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("object '", name, "' exists; publish with replace=true to make a new version"));
+    return absl::AlreadyExistsError(absl::StrCat(
+        "object '", name, "' exists; publish with replace=true to make a new version"));
   }
   if ((s.ok() && !durable) || (in_memory && durable)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "object '", name, "' is ", s.ok() ? "durable" : "ephemeral", "; a new version of it must be too"));
+    return absl::FailedPreconditionError(absl::StrCat("object '", name, "' is ",
+                                                      s.ok() ? "durable" : "ephemeral",
+                                                      "; a new version of it must be too"));
   }
   r.version = extras.version.value_or(now + 1);
   if (!durable) return PublishEphemeralLocked(std::move(r), r.version, released);
@@ -325,15 +328,16 @@ absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
   batch.Put(objects_, VersionKey(name, r.version), EncodeRecord(r));
   std::vector<ObjectRecord> removed;
   if (options_.keep_versions > 0 && r.version > options_.keep_versions) {
-    RETURN_IF_ERROR(DropVersions(*db_, objects_, name, r.version - options_.keep_versions, batch,
-                                 removed));
+    RETURN_IF_ERROR(
+        DropVersions(*db_, objects_, name, r.version - options_.keep_versions, batch, removed));
   }
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync;
   RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), "publish"));
   for (uint64_t region : RegionsOf(extents)) ++region_users_[region];
   ForgetLocked(removed, released);
-  Cache(VersionKey(name, r.version), std::make_shared<const ObjectRecord>(r));  // a pull often follows
+  Cache(VersionKey(name, r.version),
+        std::make_shared<const ObjectRecord>(r));  // a pull often follows
   return r;
 }
 
@@ -371,7 +375,8 @@ absl::StatusOr<std::shared_ptr<const ObjectRecord>> Catalog::Get(
     if (e != ephemeral_.end()) {
       auto it = version ? e->second.find(*version) : std::prev(e->second.end());
       if (it == e->second.end()) {
-        return absl::NotFoundError(absl::StrCat("no version ", *version, " of object '", name, "'"));
+        return absl::NotFoundError(
+            absl::StrCat("no version ", *version, " of object '", name, "'"));
       }
       return it->second;
     }
@@ -460,8 +465,8 @@ absl::Status Catalog::Delete(const std::string& name, std::set<uint64_t>* releas
   rocksdb::WriteBatch batch;
   batch.Delete(objects_, LatestKey(name));
   std::vector<ObjectRecord> removed;
-  RETURN_IF_ERROR(DropVersions(*db_, objects_, name, std::numeric_limits<uint64_t>::max(), batch,
-                               removed));
+  RETURN_IF_ERROR(
+      DropVersions(*db_, objects_, name, std::numeric_limits<uint64_t>::max(), batch, removed));
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync;
   RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), "delete object"));
@@ -469,8 +474,7 @@ absl::Status Catalog::Delete(const std::string& name, std::set<uint64_t>* releas
   return absl::OkStatus();
 }
 
-void Catalog::ForgetLocked(const std::vector<ObjectRecord>& removed,
-                           std::set<uint64_t>* released) {
+void Catalog::ForgetLocked(const std::vector<ObjectRecord>& removed, std::set<uint64_t>* released) {
   {
     absl::MutexLock cache_lock(&cache_mu_);
     for (const ObjectRecord& r : removed) {

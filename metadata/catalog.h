@@ -27,13 +27,13 @@ namespace ferry::metadata {
 
 struct ObjectRecord {
   std::string name;
-  uint64_t version = 0;  // 1, 2, ... per name
-  uint64_t size = 0;     // sum of the extents' lengths
-  bool durable = true;   // in the store on disk; false: in memory, gone at restart
-  std::vector<Extent> extents;  // regions are node-wide region ids, never reused
-  int64_t created_ms = 0;  // Unix time
-  std::string meta;  // the publisher's metadata (JSON text), empty when none
-  std::string content_type;       // the bytes' media type, empty when not given
+  uint64_t version = 0;            // 1, 2, ... per name
+  uint64_t size = 0;               // sum of the extents' lengths
+  bool durable = true;             // in the store on disk; false: in memory, gone at restart
+  std::vector<Extent> extents;     // regions are node-wide region ids, never reused
+  int64_t created_ms = 0;          // Unix time
+  std::string meta;                // the publisher's metadata (JSON text), empty when none
+  std::string content_type;        // the bytes' media type, empty when not given
   std::optional<uint32_t> crc32c;  // of the bytes, when the node saw them all (an upload)
 };
 
@@ -90,9 +90,8 @@ class Catalog {
   // replaced by an ephemeral version or the other way round. `released` (if given) gets the
   // regions that no object version uses any more. `extras` are stored with the version as they
   // are; its condition is checked in the same critical section as the write.
-  absl::StatusOr<ObjectRecord> Publish(const std::string& name,
-                                       const std::vector<Extent>& extents, bool replace,
-                                       std::set<uint64_t>* released = nullptr,
+  absl::StatusOr<ObjectRecord> Publish(const std::string& name, const std::vector<Extent>& extents,
+                                       bool replace, std::set<uint64_t>* released = nullptr,
                                        bool durable = true, const PublishExtras& extras = {});
   // The latest version, or `version`. kNotFound: no such name or version. Shared: records
   // never change, and a big layout is not copied for every pull.
@@ -140,7 +139,8 @@ class Catalog {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<std::string, Versions> ephemeral_ ABSL_GUARDED_BY(mu_);
   mutable absl::Mutex cache_mu_;
-  mutable std::map<std::string, std::shared_ptr<const ObjectRecord>> cache_ ABSL_GUARDED_BY(cache_mu_);
+  mutable std::map<std::string, std::shared_ptr<const ObjectRecord>> cache_
+      ABSL_GUARDED_BY(cache_mu_);
   mutable size_t cached_extents_ ABSL_GUARDED_BY(cache_mu_) = 0;
 };
 

@@ -20,14 +20,10 @@ nlohmann::json ToJson(const RegionInfo& r) {
 nlohmann::json ToJson(const NodeInfo& n) {
   nlohmann::json rails = nlohmann::json::array();
   for (const engine::RailInfo& r : n.rails) {
-    nlohmann::json rail = {{"provider", r.provider},
-                           {"fabric", r.fabric},
-                           {"domain", r.domain},
-                           {"address", HexEncode(r.address)},
-                           {"tx_depth", r.tx_depth},
-                           {"max_msg_size", r.max_msg_size},
-                           {"iov_limit", r.iov_limit},
-                           {"hmem_cuda", r.hmem_cuda},
+    nlohmann::json rail = {{"provider", r.provider},      {"fabric", r.fabric},
+                           {"domain", r.domain},          {"address", HexEncode(r.address)},
+                           {"tx_depth", r.tx_depth},      {"max_msg_size", r.max_msg_size},
+                           {"iov_limit", r.iov_limit},    {"hmem_cuda", r.hmem_cuda},
                            {"hmem_dmabuf", r.hmem_dmabuf}};
     if (!r.hmem_cuda) rail["hmem_cuda_error"] = r.hmem_cuda_error;
     if (!r.placement.empty()) rail["placement"] = r.placement;

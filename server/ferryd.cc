@@ -12,18 +12,17 @@
 #include "absl/strings/numbers.h"
 #include "base/status.h"
 #include "cluster/directory_store.h"
+#include "nlohmann/json.hpp"
 #include "server/http_api.h"
 #include "server/node.h"
-#include "nlohmann/json.hpp"
-#include "wire/auth.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
+#include "wire/auth.h"
 
 namespace {
 
 bool IsLoopback(const std::string& host) {
-  return host == "127.0.0.1" || host == "localhost" || host == "::1" ||
-         host.rfind("127.", 0) == 0;
+  return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
 }  // namespace
@@ -227,11 +226,10 @@ int main(int argc, char** argv) {
               << "address: give --advertise-url with --directory or --serve-directory\n";
     return 2;
   }
-  const std::string url =
-      !advertise.empty() ? advertise
-      : host.find(':') != std::string::npos
-          ? "http://[" + host + "]:" + std::to_string(bound)
-          : "http://" + host + ":" + std::to_string(bound);
+  const std::string url = !advertise.empty() ? advertise
+                          : host.find(':') != std::string::npos
+                              ? "http://[" + host + "]:" + std::to_string(bound)
+                              : "http://" + host + ":" + std::to_string(bound);
   std::unique_ptr<ferry::cluster::DirectoryStore> directory;
   if (serve_directory) {
     auto store = ferry::cluster::DirectoryStore::Open(options.data_dir + "/directory");
@@ -252,7 +250,8 @@ int main(int argc, char** argv) {
   ferry::server::InstallRoutes(server, **node, http);
   // One line on stdout for whoever started us: where we listen and who we are.
   std::cout << nlohmann::json{{"listen", host + ":" + std::to_string(bound)},
-                              {"node", (*node)->id()}, {"url", url}}
+                              {"node", (*node)->id()},
+                              {"url", url}}
                    .dump()
             << std::endl;
   if (!options.directory.empty()) {
@@ -276,7 +275,8 @@ int main(int argc, char** argv) {
     while (!n.AwaitPulls(absl::Now())) {
       const bool again = sigtimedwait(&signals, nullptr, &tick) > 0;
       if (again || absl::Now() >= end) {
-        spdlog::warn("{}: cancelling the pulls still running", again ? "second signal" : "grace over");
+        spdlog::warn("{}: cancelling the pulls still running",
+                     again ? "second signal" : "grace over");
         n.CancelPulls();
         break;
       }

@@ -64,8 +64,7 @@ absl::StatusOr<std::optional<uint64_t>> VersionParam(const httplib::Request& req
   return std::optional<uint64_t>(v);
 }
 
-absl::StatusOr<bool> BoolParam(const httplib::Request& req, const char* name,
-                               bool absent = false) {
+absl::StatusOr<bool> BoolParam(const httplib::Request& req, const char* name, bool absent = false) {
   if (!req.has_param(name)) return absent;
   const std::string v = req.get_param_value(name);
   if (v == "true" || v == "1") return true;
@@ -137,7 +136,8 @@ void GetData(Node& node, const std::string& name, const httplib::Request& req,
   auto obj = node.Describe(name, *version);
   if (!obj.ok()) return WriteError(res, obj.status());
   if (obj->detached) {
-    return WriteError(res, Conflict("object '" + name + "' is detached: its regions are not "
+    return WriteError(res, Conflict("object '" + name +
+                                    "' is detached: its regions are not "
                                     "registered since the node restarted"));
   }
   const std::string etag = ETagOf(node.id(), *obj);
@@ -201,9 +201,8 @@ absl::StatusOr<UploadTarget> UploadTargetOf(const httplib::Request& req) {
   UploadTarget to;
   ASSIGN_OR_RETURN(to.publish.replace, BoolParam(req, "replace"));
   ASSIGN_OR_RETURN(to.publish.durable, BoolParam(req, "durable", true));
-  ASSIGN_OR_RETURN(to.device, Device::Parse(req.has_param("device")
-                                                        ? req.get_param_value("device")
-                                                        : "host"));
+  ASSIGN_OR_RETURN(to.device,
+                   Device::Parse(req.has_param("device") ? req.get_param_value("device") : "host"));
   // The bytes' type: ?content_type=, else the request's own unless it only says "bytes".
   const std::string sent = req.get_header_value("Content-Type");
   if (req.has_param("content_type")) {
@@ -235,16 +234,15 @@ absl::Status ApplyWriteCondition(const Node& node, const std::string& name,
 bool Authorized(const HttpOptions& options, const httplib::Request& req) {
   // The status page holds no data: it asks the API with the token its user types in.
   return options.token.empty() || req.path == "/" || req.path == "/v1/health" ||
-         req.path == "/v1/peer" ||
-         (options.metrics_public && req.path == "/metrics") ||
+         req.path == "/v1/peer" || (options.metrics_public && req.path == "/metrics") ||
          req.get_header_value("Authorization") == "Bearer " + options.token;
 }
 
 // The route a request took, as a metric label: the path with its names and ids left out.
 std::string RouteOf(const std::string& path) {
   static constexpr std::string_view kFixed[] = {
-      "/v1/health", "/v1/node",  "/v1/regions", "/v1/objects", "/v1/pulls",
-      "/v1/destinations", "/v1/peer", "/v1/drain", "/v1/cluster", "/metrics"};
+      "/v1/health",       "/v1/node", "/v1/regions", "/v1/objects", "/v1/pulls",
+      "/v1/destinations", "/v1/peer", "/v1/drain",   "/v1/cluster", "/metrics"};
   for (std::string_view r : kFixed) {
     if (path == r) return std::string(r);
   }
@@ -288,7 +286,7 @@ void DropBody(const httplib::Request& req, const httplib::ContentReader& read) {
 // read to its end and dropped before the 401, so that the connection stays usable (httplib
 // refusing it before routing would leave the body to be read as the next request).
 httplib::Server::HandlerWithContentReader Guarded(const HttpOptions& options,
-                                                   httplib::Server::HandlerWithContentReader h) {
+                                                  httplib::Server::HandlerWithContentReader h) {
   return [options, h = std::move(h)](const httplib::Request& req, httplib::Response& res,
                                      const httplib::ContentReader& read) {
     if (!Authorized(options, req)) {
@@ -305,8 +303,9 @@ httplib::Server::HandlerWithContentReader Whole(httplib::Server::Handler h) {
                             const httplib::ContentReader& read) {
     if (req.is_multipart_form_data()) {
       DropBody(req, read);
-      return WriteError(res, absl::InvalidArgumentError(
-                                 "multipart/form-data is not taken here: send the bytes as they are"));
+      return WriteError(res,
+                        absl::InvalidArgumentError(
+                            "multipart/form-data is not taken here: send the bytes as they are"));
     }
     httplib::Request whole = req;
     if (HasBody(req) && !read([&whole](const char* data, size_t n) {
@@ -395,7 +394,8 @@ void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res
         auto raw = UnpackRawExtents((*body)["extents_raw"].get<std::string>());
         layout = raw.ok() ? absl::StatusOr<Layout>(Layout(*raw)) : raw.status();
       } else {
-        layout = LayoutFromJson(body->value("extents", nlohmann::json()), node.options().max_extents);
+        layout =
+            LayoutFromJson(body->value("extents", nlohmann::json()), node.options().max_extents);
       }
       if (!layout.ok()) return WriteError(res, layout.status());
       auto to = UploadTargetOf(req);
@@ -548,11 +548,10 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
       res.set_header("Retry-After", absl::StrCat(kDrainRetryAfterSeconds));
     }
     if (!res.body.empty()) return;
-    const absl::Status s =
-        res.status == 413 ? TooLarge("request body over the limit")
-        : res.status == 404 ? absl::NotFoundError("no such route")
-                            : absl::Status(absl::StatusCode::kUnknown,
-                                           absl::StrCat("HTTP ", res.status));
+    const absl::Status s = res.status == 413   ? TooLarge("request body over the limit")
+                           : res.status == 404 ? absl::NotFoundError("no such route")
+                                               : absl::Status(absl::StatusCode::kUnknown,
+                                                              absl::StrCat("HTTP ", res.status));
     res.set_content(ErrorBody(s).dump(), kJsonContentType);
   });
   server.set_exception_handler(
@@ -570,10 +569,14 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
     auto list = [](const std::vector<PullLog::Entry>& entries) {
       nlohmann::json out = nlohmann::json::array();
       for (const PullLog::Entry& e : entries) {
-        nlohmann::json j = {{"id", e.id},         {"role", e.role},
-                            {"object", e.object}, {"peer", e.peer},
-                            {"path", e.path},     {"bytes", e.bytes},
-                            {"started_ms", e.started_ms}, {"seconds", e.seconds}};
+        nlohmann::json j = {{"id", e.id},
+                            {"role", e.role},
+                            {"object", e.object},
+                            {"peer", e.peer},
+                            {"path", e.path},
+                            {"bytes", e.bytes},
+                            {"started_ms", e.started_ms},
+                            {"seconds", e.seconds}};
         if (!e.outcome.empty()) j["outcome"] = e.outcome;
         if (!e.error.empty()) j["error"] = e.error;
         out.push_back(std::move(j));
@@ -591,14 +594,13 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
     WriteJson(res, {{"status", "ok"}});
   });
   server.Post("/v1/drain", Guarded(options, [&node, on_drain = options.on_drain](
-                                                const httplib::Request& req,
-                                                httplib::Response& res,
+                                                const httplib::Request& req, httplib::Response& res,
                                                 const httplib::ContentReader& read) {
-    DropBody(req, read);
-    node.Drain();
-    if (on_drain) on_drain();
-    WriteJson(res, {{"status", "draining"}}, 202);
-  }));
+                DropBody(req, read);
+                node.Drain();
+                if (on_drain) on_drain();
+                WriteJson(res, {{"status", "draining"}}, 202);
+              }));
   server.Get("/v1/node", [&node](const httplib::Request&, httplib::Response& res) {
     nlohmann::json info = ToJson(node.Info());
     if (!node.directory_url().empty()) {
@@ -622,42 +624,44 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
                     {"state", node.directory_state()},
                     {"nodes", std::move(list)}});
   });
-  server.Post("/v1/regions", Guarded(options, Whole([&node](const httplib::Request& req,
-                                                            httplib::Response& res) {
-    auto body = ParseBody(req);
-    if (!body.ok()) return WriteError(res, body.status());
-    if (body->contains("device") && !(*body)["device"].is_string()) {
-      return WriteError(res, absl::InvalidArgumentError("\"device\" must be a string"));
-    }
-    const std::string device = body->value("device", std::string("host"));
-    auto size = body->find("size");
-    if (size == body->end() || !size->is_number_unsigned()) {
-      return WriteError(res, absl::InvalidArgumentError("\"size\" must be an unsigned integer"));
-    }
-    auto dev = Device::Parse(device);
-    if (!dev.ok()) return WriteError(res, dev.status());
-    WriteResponse(res, node.AllocateRegion(*dev, size->get<uint64_t>()), 201);
-  })));
+  server.Post(
+      "/v1/regions",
+      Guarded(options, Whole([&node](const httplib::Request& req, httplib::Response& res) {
+                auto body = ParseBody(req);
+                if (!body.ok()) return WriteError(res, body.status());
+                if (body->contains("device") && !(*body)["device"].is_string()) {
+                  return WriteError(res, absl::InvalidArgumentError("\"device\" must be a string"));
+                }
+                const std::string device = body->value("device", std::string("host"));
+                auto size = body->find("size");
+                if (size == body->end() || !size->is_number_unsigned()) {
+                  return WriteError(
+                      res, absl::InvalidArgumentError("\"size\" must be an unsigned integer"));
+                }
+                auto dev = Device::Parse(device);
+                if (!dev.ok()) return WriteError(res, dev.status());
+                WriteResponse(res, node.AllocateRegion(*dev, size->get<uint64_t>()), 201);
+              })));
   server.Get("/v1/regions", [&node](const httplib::Request&, httplib::Response& res) {
     nlohmann::json out = nlohmann::json::array();
     for (const RegionInfo& r : node.Regions()) out.push_back(ToJson(r));
     WriteJson(res, {{"regions", out}});
   });
-  server.Delete(R"(/v1/regions/(\d+))", Guarded(options, Whole([&node](const httplib::Request& req,
-                                                                     httplib::Response& res) {
-    uint64_t id;
-    if (!absl::SimpleAtoi(req.matches[1].str(), &id)) {
-      return WriteError(res, absl::InvalidArgumentError("bad region id"));
-    }
-    absl::Status s = node.DeleteRegion(id);
-    if (!s.ok()) return WriteError(res, s);
-    WriteJson(res, {{"deleted", id}});
-  })));
+  server.Delete(
+      R"(/v1/regions/(\d+))",
+      Guarded(options, Whole([&node](const httplib::Request& req, httplib::Response& res) {
+                uint64_t id;
+                if (!absl::SimpleAtoi(req.matches[1].str(), &id)) {
+                  return WriteError(res, absl::InvalidArgumentError("bad region id"));
+                }
+                absl::Status s = node.DeleteRegion(id);
+                if (!s.ok()) return WriteError(res, s);
+                WriteJson(res, {{"deleted", id}});
+              })));
   server.Get("/v1/objects", [&node](const httplib::Request& req, httplib::Response& res) {
     size_t limit = 100;
     if (req.has_param("limit") &&
-        (!absl::SimpleAtoi(req.get_param_value("limit"), &limit) || limit == 0 ||
-         limit > 10000)) {
+        (!absl::SimpleAtoi(req.get_param_value("limit"), &limit) || limit == 0 || limit > 10000)) {
       return WriteError(res, absl::InvalidArgumentError("limit must be 1 to 10000"));
     }
     auto objects = node.List(req.get_param_value("prefix"), req.get_param_value("after"), limit);
@@ -666,55 +670,60 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
     for (const ObjectInfo& o : *objects) out.push_back(ToJson(o));
     WriteJson(res, {{"objects", out}});
   });
-  server.Post("/v1/pulls", Guarded(options, Whole([&node](const httplib::Request& req,
-                                                          httplib::Response& res) {
-    PullsRoute(node, req, res);
-  })));
+  server.Post("/v1/pulls",
+              Guarded(options, Whole([&node](const httplib::Request& req, httplib::Response& res) {
+                        PullsRoute(node, req, res);
+                      })));
   // Prepared destinations: POST {"extents": layout} -> {"handle": H}; DELETE /v1/destinations/H.
-  server.Post("/v1/destinations", Guarded(options, Whole([&node](const httplib::Request& req,
-                                                                 httplib::Response& res) {
-    auto body = ParseBody(req);
-    if (!body.ok()) return WriteError(res, body.status());
-    auto layout = LayoutFromJson(body->value("extents", nlohmann::json()), node.options().max_extents);
-    if (!layout.ok()) return WriteError(res, layout.status());
-    auto handle = node.PrepareDestination(*layout);
-    if (!handle.ok()) return WriteError(res, handle.status());
-    WriteJson(res, {{"handle", *handle}}, 201);
-  })));
-  server.Delete(R"(/v1/destinations/(\d+))", Guarded(options, Whole([&node](const httplib::Request& req,
-                                                                          httplib::Response& res) {
-    uint64_t handle;
-    if (!absl::SimpleAtoi(req.matches[1].str(), &handle)) {
-      return WriteError(res, absl::InvalidArgumentError("bad handle"));
-    }
-    absl::Status s = node.ReleaseDestination(handle);
-    if (!s.ok()) return WriteError(res, s);
-    WriteJson(res, {{"released", handle}});
-  })));
+  server.Post("/v1/destinations",
+              Guarded(options, Whole([&node](const httplib::Request& req, httplib::Response& res) {
+                        auto body = ParseBody(req);
+                        if (!body.ok()) return WriteError(res, body.status());
+                        auto layout = LayoutFromJson(body->value("extents", nlohmann::json()),
+                                                     node.options().max_extents);
+                        if (!layout.ok()) return WriteError(res, layout.status());
+                        auto handle = node.PrepareDestination(*layout);
+                        if (!handle.ok()) return WriteError(res, handle.status());
+                        WriteJson(res, {{"handle", *handle}}, 201);
+                      })));
+  server.Delete(
+      R"(/v1/destinations/(\d+))",
+      Guarded(options, Whole([&node](const httplib::Request& req, httplib::Response& res) {
+                uint64_t handle;
+                if (!absl::SimpleAtoi(req.matches[1].str(), &handle)) {
+                  return WriteError(res, absl::InvalidArgumentError("bad handle"));
+                }
+                absl::Status s = node.ReleaseDestination(handle);
+                if (!s.ok()) return WriteError(res, s);
+                WriteJson(res, {{"released", handle}});
+              })));
   // Node-to-node messages (wire/messages.h), when the fabric cannot carry them: the answer is
   // the response's body.
-  server.Post("/v1/peer", Guarded(options, Whole([&node](const httplib::Request& req,
-                                                         httplib::Response& res) {
-    struct Answer {
-      absl::Mutex mu;
-      bool done ABSL_GUARDED_BY(mu) = false;
-      std::string body ABSL_GUARDED_BY(mu);
-    };
-    auto answer = std::make_shared<Answer>();
-    node.HandleMessage(req.remote_addr, req.body, [answer](std::string sealed) {
-      absl::MutexLock lock(&answer->mu);
-      if (answer->done) return;
-      answer->done = true;
-      answer->body = std::move(sealed);
-    });
-    absl::MutexLock lock(&answer->mu);
-    auto done = [&answer]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(answer->mu) { return answer->done; };
-    if (!answer->mu.AwaitWithTimeout(absl::Condition(&done), node.options().max_pull_timeout)) {
-      return WriteError(res, absl::DeadlineExceededError("no answer in time"));
-    }
-    res.status = 200;
-    res.set_content(answer->body, wire::kMessageContentType);
-  })));
+  server.Post("/v1/peer",
+              Guarded(options, Whole([&node](const httplib::Request& req, httplib::Response& res) {
+                        struct Answer {
+                          absl::Mutex mu;
+                          bool done ABSL_GUARDED_BY(mu) = false;
+                          std::string body ABSL_GUARDED_BY(mu);
+                        };
+                        auto answer = std::make_shared<Answer>();
+                        node.HandleMessage(req.remote_addr, req.body, [answer](std::string sealed) {
+                          absl::MutexLock lock(&answer->mu);
+                          if (answer->done) return;
+                          answer->done = true;
+                          answer->body = std::move(sealed);
+                        });
+                        absl::MutexLock lock(&answer->mu);
+                        auto done = [&answer]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(answer->mu) {
+                          return answer->done;
+                        };
+                        if (!answer->mu.AwaitWithTimeout(absl::Condition(&done),
+                                                         node.options().max_pull_timeout)) {
+                          return WriteError(res, absl::DeadlineExceededError("no answer in time"));
+                        }
+                        res.status = 200;
+                        res.set_content(answer->body, wire::kMessageContentType);
+                      })));
   auto objects = [&node](const httplib::Request& req, httplib::Response& res) {
     ObjectRoute(node, req, res);
   };
@@ -734,12 +743,12 @@ void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& optio
   server.Delete("/v1/objects/(.+)", Guarded(options, Whole(objects)));
   server.Post("/v1/objects/(.+)", Guarded(options, Whole(objects)));
   if (options.directory != nullptr) {
-    cluster::InstallDirectoryRoutes(
-        server, *options.directory, [options](const httplib::Request& req, httplib::Response& res) {
-          if (Authorized(options, req)) return true;
-          WriteError(res, Unauthenticated());
-          return false;
-        });
+    cluster::InstallDirectoryRoutes(server, *options.directory,
+                                    [options](const httplib::Request& req, httplib::Response& res) {
+                                      if (Authorized(options, req)) return true;
+                                      WriteError(res, Unauthenticated());
+                                      return false;
+                                    });
   }
   // The rest of those methods' paths: the body dropped, then the error handler's 404 (or 401
   // without the token).

@@ -90,15 +90,16 @@ absl::StatusOr<std::optional<uint64_t>> WriteCondition(const Node& node, const s
     const std::string header = req.get_header_value("If-Match");
     if (header == "*") {
       auto latest = node.Describe(name, std::nullopt, false);
-      if (!latest.ok()) return PreconditionFailed("If-Match: * and object '" + name + "' has no version");
+      if (!latest.ok())
+        return PreconditionFailed("If-Match: * and object '" + name + "' has no version");
       return std::optional<uint64_t>(latest->version);
     }
     const std::string prefix = absl::StrCat("\"", node.id(), ":", name, ":");
     for (std::string_view t : Tags(header)) {
       uint64_t v = 0;
       if (t.size() > prefix.size() + 1 && t.substr(0, prefix.size()) == prefix && t.back() == '"' &&
-          absl::SimpleAtoi(absl::string_view(t.data() + prefix.size(), t.size() - prefix.size() - 1),
-                           &v)) {
+          absl::SimpleAtoi(
+              absl::string_view(t.data() + prefix.size(), t.size() - prefix.size() - 1), &v)) {
         return std::optional<uint64_t>(v);
       }
     }

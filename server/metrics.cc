@@ -44,9 +44,9 @@ std::vector<double> Powers(double first, double factor, int n) {
 }  // namespace
 
 void MetricsText::Family(std::string_view name, std::string_view type, std::string_view help) {
-  for (std::string_view part : {std::string_view("# HELP "), name, std::string_view(" "), help,
-                                std::string_view("\n# TYPE "), name, std::string_view(" "), type,
-                                std::string_view("\n")}) {
+  for (std::string_view part :
+       {std::string_view("# HELP "), name, std::string_view(" "), help,
+        std::string_view("\n# TYPE "), name, std::string_view(" "), type, std::string_view("\n")}) {
     text_ += part;
   }
 }
@@ -69,8 +69,8 @@ void MetricsText::Sample(std::string_view name, const Labels& labels, double val
   text_ += '\n';
 }
 
-MetricFamily::MetricFamily(std::string name, std::string help,
-                           std::vector<std::string> label_names, std::vector<double> bounds)
+MetricFamily::MetricFamily(std::string name, std::string help, std::vector<std::string> label_names,
+                           std::vector<double> bounds)
     : name_(std::move(name)),
       help_(std::move(help)),
       label_names_(std::move(label_names)),
@@ -102,7 +102,8 @@ void MetricFamily::Write(MetricsText& out) const {
   absl::MutexLock lock(&mu_);
   for (const auto& [values, s] : series_) {
     MetricsText::Labels labels;
-    for (size_t i = 0; i < label_names_.size(); ++i) labels.emplace_back(label_names_[i], values[i]);
+    for (size_t i = 0; i < label_names_.size(); ++i)
+      labels.emplace_back(label_names_[i], values[i]);
     if (bounds_.empty()) {
       out.Sample(name_, labels, s.value);
       continue;
@@ -174,8 +175,7 @@ uint64_t PullLog::Begin(std::string role, std::string object, std::string peer, 
   return id;
 }
 
-void PullLog::End(uint64_t id, std::string_view path, const absl::Status& outcome,
-                  uint64_t bytes) {
+void PullLog::End(uint64_t id, std::string_view path, const absl::Status& outcome, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   auto it = running_.find(id);
   if (it == running_.end()) return;

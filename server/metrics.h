@@ -61,18 +61,17 @@ class MetricFamily {
   std::map<std::vector<std::string>, Series> series_ ABSL_GUARDED_BY(mu_);
 };
 
-
 // The pulls running on a node and the last ones that ended (what the status page shows).
 // Thread-safe.
 class PullLog {
  public:
   struct Entry {
     uint64_t id = 0;
-    std::string role;    // "destination" or "source"
+    std::string role;  // "destination" or "source"
     std::string object;
-    std::string peer;    // the source's URL, or the destination's node id
+    std::string peer;  // the source's URL, or the destination's node id
     std::string path;
-    uint64_t bytes = 0;  // running: the bytes asked for (0 when not known yet)
+    uint64_t bytes = 0;      // running: the bytes asked for (0 when not known yet)
     int64_t started_ms = 0;  // Unix milliseconds
     double seconds = 0;      // running: so far
     std::string outcome;     // empty while running; then as OutcomeName

@@ -42,13 +42,14 @@ absl::Status ValidateMeta(const std::string& meta) {
 
 // A media type as HTTP writes it (type/subtype, parameters allowed), or empty.
 absl::Status ValidateContentType(const std::string& type) {
-  const bool printable = std::all_of(type.begin(), type.end(),
-                                     [](char c) { return c >= 0x20 && c < 0x7f; });
+  const bool printable =
+      std::all_of(type.begin(), type.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
   if (type.empty() || (type.size() <= 127 && printable && type.find('/') != std::string::npos)) {
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError("content_type must be a media type (type/subtype) of at most "
-                                    "127 printable characters");
+  return absl::InvalidArgumentError(
+      "content_type must be a media type (type/subtype) of at most "
+      "127 printable characters");
 }
 
 size_t ServeThreads(size_t wanted) {
@@ -91,31 +92,30 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Open(const NodeOptions& options) {
     if (options.directory_ttl < absl::Seconds(1)) {
       return absl::InvalidArgumentError("the directory's TTL is at least 1 s");
     }
-    ASSIGN_OR_RETURN(directory, cluster::Directory::Connect(
-                                    options.directory, {.token = options.directory_token}));
+    ASSIGN_OR_RETURN(directory, cluster::Directory::Connect(options.directory,
+                                                            {.token = options.directory_token}));
   }
   std::unique_ptr<Node> node(new Node(options));
-  node->memory_limit_ =
-      options.memory_limit != 0
-          ? options.memory_limit
-          : static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) / 4 * 3 *
-                static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  node->memory_limit_ = options.memory_limit != 0
+                            ? options.memory_limit
+                            : static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) / 4 * 3 *
+                                  static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   std::error_code ec;
   std::filesystem::create_directories(options.data_dir, ec);
   if (ec) {
     return absl::PermissionDeniedError(
         absl::StrCat("cannot create data dir ", options.data_dir, ": ", ec.message()));
   }
-  ASSIGN_OR_RETURN(node->catalog_,
-                   metadata::Catalog::Open(options.data_dir, {.sync = options.sync,
-                                                               .keep_versions = options.keep_versions}));
+  ASSIGN_OR_RETURN(node->catalog_, metadata::Catalog::Open(
+                                       options.data_dir, {.sync = options.sync,
+                                                          .keep_versions = options.keep_versions}));
   engine::EngineOptions eo = options.engine;
   eo.node_id = node->catalog_->node_id();
   eo.counters = options.metrics;
   if (!options.metrics) node->metrics_.Disable();
   Node* raw = node.get();  // the engine goes before the node
   eo.on_control = [raw, user = options.engine.on_control](std::string_view sender,
-                                                           std::string_view payload) {
+                                                          std::string_view payload) {
     raw->OnControl(sender, payload);
     if (user) user(sender, payload);
   };
@@ -127,8 +127,8 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Open(const NodeOptions& options) {
   node->http_ = MakeHttpTransport();
   node->serve_queue_ = std::make_unique<WorkQueue>(ServeThreads(options.serve_threads));
   if (directory) {
-    node->membership_ = std::make_unique<cluster::Membership>(
-        std::move(directory), node->id(), options.directory_ttl);
+    node->membership_ = std::make_unique<cluster::Membership>(std::move(directory), node->id(),
+                                                              options.directory_ttl);
   }
   return node;
 }
@@ -197,9 +197,7 @@ std::string Node::directory_url() const {
   return membership_ ? membership_->directory().url() : std::string();
 }
 
-std::string Node::directory_state() {
-  return membership_ ? membership_->state() : std::string();
-}
+std::string Node::directory_state() { return membership_ ? membership_->state() : std::string(); }
 
 bool Node::AwaitPulls(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
@@ -232,8 +230,7 @@ NodeInfo Node::Info() const {
   return info;
 }
 
-absl::StatusOr<RegionInfo> Node::AllocateRegion(Device device, uint64_t size,
-                                                bool for_object) {
+absl::StatusOr<RegionInfo> Node::AllocateRegion(Device device, uint64_t size, bool for_object) {
   if (size == 0 || size > kMaxRegionSize) {
     return absl::InvalidArgumentError(absl::StrCat("region size must be 1 to ", kMaxRegionSize));
   }
@@ -275,9 +272,9 @@ absl::Status Node::ReserveHost(uint64_t size) {
     it = spares_.erase(it);
   }
   if (used + size > memory_limit_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "host memory limit: ", size, " more bytes do not fit (", used, " of ", memory_limit_,
-        " allocated; ferryd --memory-limit-mb)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host memory limit: ", size, " more bytes do not fit (", used, " of ",
+                     memory_limit_, " allocated; ferryd --memory-limit-mb)"));
   }
   reserved_host_ += size;
   return absl::OkStatus();
@@ -288,8 +285,7 @@ void Node::UnreserveHost(uint64_t size) {
   reserved_host_ -= size;
 }
 
-absl::StatusOr<RegionInfo> Node::RegisterRegion(void* addr, uint64_t size,
-                                                Device device) {
+absl::StatusOr<RegionInfo> Node::RegisterRegion(void* addr, uint64_t size, Device device) {
   return AddRegion(static_cast<char*>(addr), size, device, {nullptr, &FreeOwned}, false);
 }
 
@@ -335,8 +331,8 @@ absl::Status Node::DeleteRegion(uint64_t id) {
     return Conflict(absl::StrCat("region ", id, " is used by ", users, " object version(s)"));
   }
   if (it->second.prepared > 0) {
-    return Conflict(absl::StrCat("region ", id, " is under ", it->second.prepared,
-                                 " prepared destination(s)"));
+    return Conflict(
+        absl::StrCat("region ", id, " is under ", it->second.prepared, " prepared destination(s)"));
   }
   return FreeRegionLocked(it, absl::Now() + kUnpinGrace);
 }
@@ -512,8 +508,8 @@ absl::StatusOr<std::unique_ptr<Node::Upload>> Node::BeginUpload(const std::strin
   // Refused before any byte comes (the catalog checks again when it publishes).
   auto latest = catalog_->Get(name);
   if (options.if_latest) {
-    RETURN_IF_ERROR(metadata::CheckLatest(name, latest.ok() ? (*latest)->version : 0,
-                                          *options.if_latest));
+    RETURN_IF_ERROR(
+        metadata::CheckLatest(name, latest.ok() ? (*latest)->version : 0, *options.if_latest));
   }
   if (!options.replace && latest.ok()) {
     return absl::AlreadyExistsError(absl::StrCat("object '", name, "' exists"));
@@ -528,8 +524,7 @@ Node::Upload::~Upload() {
 
 absl::Status Node::Upload::Append(const char* data, size_t n) {
   if (n > region_.size - written_) {
-    return absl::OutOfRangeError(
-        absl::StrCat("more than the ", region_.size, " bytes announced"));
+    return absl::OutOfRangeError(absl::StrCat("more than the ", region_.size, " bytes announced"));
   }
   crc32c_ = Crc32c(crc32c_, data, n);
   // Host memory takes the bytes at once; GPU memory in copies of a whole pinned stage
@@ -567,16 +562,16 @@ absl::StatusOr<ObjectInfo> Node::Upload::Finish() {
                                                    region_.size, " bytes announced"));
   }
   RETURN_IF_ERROR(Flush());
-  ASSIGN_OR_RETURN(ObjectInfo view,
-                   node_->Publish(name_, Layout({{region_.id, 0, region_.size}}), options_,
-                                  crc32c_));
+  ASSIGN_OR_RETURN(ObjectInfo view, node_->Publish(name_, Layout({{region_.id, 0, region_.size}}),
+                                                   options_, crc32c_));
   published_ = true;
   return view;
 }
 
 absl::StatusOr<ObjectInfo> Node::PutData(const std::string& name, std::string_view bytes,
                                          Device device, const PublishOptions& options) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Upload> upload, BeginUpload(name, bytes.size(), device, options));
+  ASSIGN_OR_RETURN(std::unique_ptr<Upload> upload,
+                   BeginUpload(name, bytes.size(), device, options));
   RETURN_IF_ERROR(upload->Append(bytes.data(), bytes.size()));
   return upload->Finish();
 }
@@ -586,8 +581,8 @@ absl::Status Node::CopyIntoRegion(uint64_t id, uint64_t offset, const char* src,
   auto it = regions_.find(id);
   if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("region ", id, " is gone"));
   if (!InBounds(offset, n, it->second.info.size)) {
-    return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", +", n,
-                                              ") are outside region ", id));
+    return absl::OutOfRangeError(
+        absl::StrCat("bytes [", offset, ", +", n, ") are outside region ", id));
   }
   return CopyBytes(it->second.addr + offset, src, n, it->second.info.device);
 }
@@ -595,13 +590,13 @@ absl::Status Node::CopyIntoRegion(uint64_t id, uint64_t offset, const char* src,
 absl::Status Node::ReadData(const ObjectInfo& object, uint64_t offset, uint64_t length,
                             char* out) const {
   if (!InBounds(offset, length, object.size)) {
-    return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", +", length,
-                                              ") are past the end of ", object.size));
+    return absl::OutOfRangeError(
+        absl::StrCat("bytes [", offset, ", +", length, ") are past the end of ", object.size));
   }
   absl::ReaderMutexLock lock(&mu_);
   if (!AllRegistered(object.extents)) {
-    return Conflict(absl::StrCat("object '", object.name,
-                                 "' is detached: its regions are not registered"));
+    return Conflict(
+        absl::StrCat("object '", object.name, "' is detached: its regions are not registered"));
   }
   ASSIGN_OR_RETURN(std::vector<Span> spans, SpansOf(object.extents));
   for (const Span& s : Slice(spans, offset, length)) {
@@ -612,9 +607,8 @@ absl::Status Node::ReadData(const ObjectInfo& object, uint64_t offset, uint64_t 
 }
 
 absl::StatusOr<PinnedStages::Buffer> Node::ReadBuffer(const ObjectInfo& object) {
-  if (std::any_of(object.devices.begin(), object.devices.end(), [](const Device& d) {
-        return d.kind == Device::Kind::kCuda;
-      })) {
+  if (std::any_of(object.devices.begin(), object.devices.end(),
+                  [](const Device& d) { return d.kind == Device::Kind::kCuda; })) {
     return stages_.Take();
   }
   char* p = static_cast<char*>(std::malloc(PinnedStages::kBytes));
@@ -622,8 +616,7 @@ absl::StatusOr<PinnedStages::Buffer> Node::ReadBuffer(const ObjectInfo& object) 
   return PinnedStages::Buffer(p, [](char* b) { std::free(b); });
 }
 
-absl::StatusOr<std::vector<Span>> Node::SpansOf(
-    const std::vector<Extent>& extents) const {
+absl::StatusOr<std::vector<Span>> Node::SpansOf(const std::vector<Extent>& extents) const {
   std::vector<Span> spans;
   spans.reserve(extents.size());
   for (const Extent& e : extents) {
@@ -682,9 +675,9 @@ absl::StatusOr<uint64_t> Node::CheckDestination(const std::vector<Extent>& exten
       last_id = e.region;
     }
     if (e.length == 0 || !InBounds(e.offset, e.length, last->info.size)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("extent [", e.offset, ", +", e.length, ") is empty or outside region ",
-                       e.region, " of ", last->info.size, " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("extent [", e.offset, ", +", e.length,
+                                                     ") is empty or outside region ", e.region,
+                                                     " of ", last->info.size, " bytes"));
     }
     if (total + e.length < total) return absl::InvalidArgumentError("extents overflow 2^64 bytes");
     total += e.length;

@@ -109,7 +109,7 @@ struct NodeInfo {
   std::vector<Device> devices;
   bool cuda_built = false;
   uint64_t spare_bytes = 0;
-  std::string bell;  // raw endpoint name; empty when the engine has none
+  std::string bell;     // raw endpoint name; empty when the engine has none
   bool sealed = false;  // node-to-node messages carry a MAC under a cluster key
   PeerAddress address() const;
 };
@@ -200,8 +200,8 @@ class Node {
   absl::StatusOr<ObjectInfo> Describe(const std::string& name,
                                       std::optional<uint64_t> version = std::nullopt,
                                       bool with_extents = true) const;
-  absl::StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix,
-                                               const std::string& after, size_t limit) const;
+  absl::StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix, const std::string& after,
+                                               size_t limit) const;
   // Every version of `name`; the regions allocated for it that no version uses any more go
   // too (at once, or when the transfers that still read them end). kNotFound: no such name.
   // `if_latest`: only if the latest version is that one (kFailedPrecondition otherwise).
@@ -230,8 +230,8 @@ class Node {
     std::string name_;
     RegionInfo region_;
     PublishOptions options_;
-    uint64_t written_ = 0;  // bytes appended, staged ones included
-    uint32_t crc32c_ = 0;   // of the bytes appended
+    uint64_t written_ = 0;        // bytes appended, staged ones included
+    uint32_t crc32c_ = 0;         // of the bytes appended
     PinnedStages::Buffer stage_;  // GPU memory: taken at the first Append
     size_t staged_ = 0;           // bytes in stage_ not yet copied to the device
     bool published_ = false;
@@ -323,8 +323,7 @@ class Node {
   friend class PullHandle;
   // Publish, with the CRC32C of the bytes when the node saw them all (an upload).
   absl::StatusOr<ObjectInfo> Publish(const std::string& name, const Layout& layout,
-                                     const PublishOptions& options,
-                                     std::optional<uint32_t> crc32c);
+                                     const PublishOptions& options, std::optional<uint32_t> crc32c);
   // kUnavailable while draining.
   absl::Status Accepting() const;
   // A pull that names no source: from the directory's holders in turn (RankedHolders) until
@@ -353,7 +352,7 @@ class Node {
     engine::RegionId engine_id = 0;  // 0: not on the rails (GPU memory the provider lacks)
     engine::CudaIpcExport ipc;       // GPU memory: how processes on this host map it
     OwnedMemory owned{nullptr, nullptr};
-    int prepared = 0;                // prepared destinations over it
+    int prepared = 0;  // prepared destinations over it
   };
   // Credits of one staged pull this node serves: per destination slot, the last chunk the
   // destination has copied out of it.
@@ -390,8 +389,8 @@ class Node {
   // not empty, disjoint, in no published object's buffer. Sum of their bytes.
   absl::StatusOr<uint64_t> CheckDestination(const std::vector<Extent>& extents) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<RegionInfo> AddRegion(char* addr, uint64_t size, Device device,
-                                       OwnedMemory owned, bool for_object);
+  absl::StatusOr<RegionInfo> AddRegion(char* addr, uint64_t size, Device device, OwnedMemory owned,
+                                       bool for_object);
   // Deregisters the region from the rails (waiting until `deadline` for a transfer to let go
   // of it; kFailedPrecondition as a 409 if none does) and frees it.
   absl::Status FreeRegionLocked(std::map<uint64_t, Region>::iterator it, absl::Time deadline)
@@ -418,8 +417,7 @@ class Node {
 
   // --- Destination side (node_pull.cc). ---
   // The session with the node at `url`: first contact over HTTP when there is none.
-  absl::StatusOr<std::shared_ptr<Session>> SessionFor(const std::string& url,
-                                                      absl::Time deadline);
+  absl::StatusOr<std::shared_ptr<Session>> SessionFor(const std::string& url, absl::Time deadline);
   void DropSession(const std::shared_ptr<Session>& session);
   // Sends `type` with `body` to the session's node as request `id`; `done` gets its answer.
   void Call(const std::shared_ptr<Session>& session, wire::MessageType type, uint64_t id,
@@ -541,7 +539,7 @@ class Node {
   };
   std::deque<Spare> spares_ ABSL_GUARDED_BY(mu_);
   uint64_t spare_total_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t memory_limit_ = 0;  // NodeOptions::memory_limit, resolved
+  uint64_t memory_limit_ = 0;                        // NodeOptions::memory_limit, resolved
   uint64_t reserved_host_ ABSL_GUARDED_BY(mu_) = 0;  // being allocated
   int pulls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, std::shared_ptr<Prepared>> prepared_ ABSL_GUARDED_BY(mu_);

@@ -70,7 +70,8 @@ class Waiter {
     return mu_.AwaitWithDeadline(absl::Condition(&done), until);
   }
   // The answer, or kDeadlineExceeded once `deadline` passes (then `on_timeout` runs first).
-  absl::StatusOr<wire::Envelope> Wait(absl::Time deadline, const std::function<void()>& on_timeout) {
+  absl::StatusOr<wire::Envelope> Wait(absl::Time deadline,
+                                      const std::function<void()>& on_timeout) {
     absl::MutexLock lock(&mu_);
     auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
     if (!mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {

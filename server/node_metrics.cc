@@ -90,7 +90,7 @@ std::string Node::Metrics() const {
     auto page = List("", after, 1000);
     if (!page.ok() || page->empty()) break;
     for (const ObjectInfo& o : *page) {
-      Usage& u = objects[o.devices.empty() ? "detached"
+      Usage& u = objects[o.devices.empty()       ? "detached"
                          : o.devices.size() == 1 ? o.devices[0].ToString()
                                                  : "mixed"];
       ++u.count;

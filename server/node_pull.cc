@@ -4,9 +4,9 @@
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
@@ -52,7 +52,7 @@ struct PullHandle::State {
   // (kQuery), so that a source that died, or an answer that was lost, is not waited for until
   // the deadline.
   absl::Time next_probe ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
-  int unknown ABSL_GUARDED_BY(mu) = 0;  // probes in a row that the source did not know it
+  int unknown ABSL_GUARDED_BY(mu) = 0;      // probes in a row that the source did not know it
   bool resent ABSL_GUARDED_BY(mu) = false;  // over HTTP, after the fabric lost it
   // Keeps the rails polled while WRITEs may land (from the request to the answer).
   engine::AwakeToken awake ABSL_GUARDED_BY(mu);
@@ -136,9 +136,9 @@ absl::StatusOr<std::shared_ptr<Node::Session>> Node::SessionFor(const std::strin
     absl::MutexLock lock(&calls_mu_);
     calls_[id] = [done](absl::StatusOr<wire::Envelope> a) { done->Set(std::move(a)); };
   }
-  http_->Send(PeerRef{url, 0},
-              auth_.Seal(wire::EncodeEnvelope({wire::MessageType::kHello, id, self_, ""})),
-              deadline, [this, id](absl::StatusOr<std::string> sent) { OnSent(id, std::move(sent)); });
+  http_->Send(
+      PeerRef{url, 0}, auth_.Seal(wire::EncodeEnvelope({wire::MessageType::kHello, id, self_, ""})),
+      deadline, [this, id](absl::StatusOr<std::string> sent) { OnSent(id, std::move(sent)); });
   ASSIGN_OR_RETURN(wire::Envelope answer, done->Wait(deadline, [this, id] { Forget(id); }));
   if (answer.type == wire::MessageType::kError) {
     absl::Status s;
@@ -146,7 +146,8 @@ absl::StatusOr<std::shared_ptr<Node::Session>> Node::SessionFor(const std::strin
     return absl::Status(s.code(), absl::StrCat("source ", url, ": ", s.message()));
   }
   if (answer.type != wire::MessageType::kHelloAnswer) {
-    return absl::UnavailableError(absl::StrCat("source ", url, " answered hello with something else"));
+    return absl::UnavailableError(
+        absl::StrCat("source ", url, " answered hello with something else"));
   }
   RETURN_IF_ERROR(wire::Decode(answer.body, &session->info));
   session->transport = http_.get();
@@ -157,8 +158,8 @@ absl::StatusOr<std::shared_ptr<Node::Session>> Node::SessionFor(const std::strin
       session->peer = *peer;
       session->transport = fabric_.get();
     } else if (options_.peer_transport == "fabric") {
-      return absl::UnavailableError(absl::StrCat("source ", url, " unreachable over the rails: ",
-                                                 peer.status().message()));
+      return absl::UnavailableError(
+          absl::StrCat("source ", url, " unreachable over the rails: ", peer.status().message()));
     } else {
       spdlog::warn("source {} ({}) unreachable over the rails, asking it over HTTP: {}", url,
                    session->info.id, peer.status().ToString());
@@ -181,11 +182,11 @@ void Node::Call(const std::shared_ptr<Session>& session, wire::MessageType type,
   {
     absl::MutexLock lock(&calls_mu_);
     calls_[id] = [this, done = std::move(done), node = session->info.id, type,
-                  via = session->transport->name(), start = absl::Now()](
-                     absl::StatusOr<wire::Envelope> a) {
+                  via = session->transport->name(),
+                  start = absl::Now()](absl::StatusOr<wire::Envelope> a) {
       if (a.ok() && a->from.node != node) {
-        a = absl::UnavailableError(absl::StrCat("an answer came from ", a->from.node,
-                                                " where node ", node, " was asked"));
+        a = absl::UnavailableError(
+            absl::StrCat("an answer came from ", a->from.node, " where node ", node, " was asked"));
       }
       if (a.ok()) {
         metrics_.round_trips.Observe({std::string(RequestName(type)), std::string(via)},
@@ -208,8 +209,8 @@ void Node::Transmit(const std::shared_ptr<Session>& session, std::string sealed,
   // HTTP response, or over the fabric when the source can reach this node there).
   auto copy = std::make_shared<const std::string>(sealed);
   fabric_->Send(PeerRef{session->url, session->peer}, std::move(sealed), deadline,
-                [this, url = session->url, copy, deadline, sent = std::move(sent)](
-                    absl::StatusOr<std::string> r) mutable {
+                [this, url = session->url, copy, deadline,
+                 sent = std::move(sent)](absl::StatusOr<std::string> r) mutable {
                   if (r.ok() || !absl::IsUnavailable(r.status())) return sent(std::move(r));
                   if (stopping_) return sent(absl::UnavailableError("this node is stopping"));
                   http_->Send(PeerRef{url, 0}, *copy, deadline, std::move(sent));
@@ -271,9 +272,9 @@ absl::Duration Node::FabricAnswerTime() const {
 absl::StatusOr<ObjectInfo> Node::StatAt(const std::shared_ptr<Session>& session,
                                         const std::string& name, std::optional<uint64_t> version,
                                         const wire::ObjectPart& part, absl::Time deadline) {
-  auto answer = CallAndWait(session, wire::MessageType::kStat,
-                            wire::Encode(wire::StatRequest{name, version.value_or(0), part}),
-                            deadline);
+  auto answer =
+      CallAndWait(session, wire::MessageType::kStat,
+                  wire::Encode(wire::StatRequest{name, version.value_or(0), part}), deadline);
   if (!answer.ok()) {
     if (absl::IsUnavailable(answer.status())) DropSession(session);
     return absl::Status(answer.status().code(),
@@ -398,8 +399,8 @@ absl::StatusOr<PullSpec> Node::FromBestHolder(const PullSpec& spec) {
 
 absl::Duration Node::TimeoutOf(const PullSpec& spec) const {
   if (spec.timeout_ms == 0) return options_.pull_timeout;
-  return std::min(absl::Milliseconds(static_cast<int64_t>(
-                      std::min<uint64_t>(spec.timeout_ms, uint64_t{1} << 40))),
+  return std::min(absl::Milliseconds(
+                      static_cast<int64_t>(std::min<uint64_t>(spec.timeout_ms, uint64_t{1} << 40))),
                   options_.max_pull_timeout);
 }
 
@@ -548,15 +549,14 @@ void Node::CancelPulls() {
   for (auto& st : mine) IgnoreError(PullHandle(st->id, st).Cancel().status());
 }
 
-
 absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePullUncounted(
     const PullSpec& spec) {
   auto st = std::make_shared<PullHandle::State>();
   st->node = this;
   st->spec = spec;
   RETURN_IF_ERROR(metadata::ValidateObjectName(spec.object));
-  const int forms = (spec.new_buffer ? 1 : 0) + (spec.into.empty() ? 0 : 1) +
-                    (spec.prepared != 0 ? 1 : 0);
+  const int forms =
+      (spec.new_buffer ? 1 : 0) + (spec.into.empty() ? 0 : 1) + (spec.prepared != 0 ? 1 : 0);
   if (forms != 1) {
     return absl::InvalidArgumentError(
         "a pull goes into a new buffer, a layout or a prepared destination: name one");
@@ -565,8 +565,8 @@ absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePullUncounted(
     return absl::InvalidArgumentError("a part is a byte range or a list of extents, not both");
   }
   if (spec.source_extents.size() > options_.max_extents) {
-    return TooLarge(absl::StrCat(spec.source_extents.size(), " extents; the limit is ",
-                                 options_.max_extents));
+    return TooLarge(
+        absl::StrCat(spec.source_extents.size(), " extents; the limit is ", options_.max_extents));
   }
   st->part.has_range = spec.range_length > 0;
   st->part.offset = spec.range_offset;
@@ -581,8 +581,8 @@ absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePullUncounted(
   std::optional<ObjectInfo> described;
   auto describe = [&]() -> absl::Status {
     if (described) return absl::OkStatus();
-    ASSIGN_OR_RETURN(described, StatAt(st->session, spec.object, spec.version, st->part,
-                                       st->deadline));
+    ASSIGN_OR_RETURN(described,
+                     StatAt(st->session, spec.object, spec.version, st->part, st->deadline));
     return absl::OkStatus();
   };
   // What a failure from here on leaves behind goes.
@@ -611,15 +611,15 @@ absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePullUncounted(
       st->size = st->prepared->size;
     } else {
       if (spec.indices.size() > options_.max_extents) {
-        return TooLarge(absl::StrCat(spec.indices.size(), " pieces; the limit is ",
-                                     options_.max_extents));
+        return TooLarge(
+            absl::StrCat(spec.indices.size(), " pieces; the limit is ", options_.max_extents));
       }
       std::vector<bool> taken(pieces.size());
       st->local.reserve(spec.indices.size());
       for (uint32_t i : spec.indices) {
         if (i >= pieces.size()) {
-          return absl::InvalidArgumentError(absl::StrCat("piece ", i, " of a prepared destination of ",
-                                                         pieces.size()));
+          return absl::InvalidArgumentError(
+              absl::StrCat("piece ", i, " of a prepared destination of ", pieces.size()));
         }
         if (taken[i]) return absl::InvalidArgumentError(absl::StrCat("piece ", i, " named twice"));
         taken[i] = true;
@@ -633,8 +633,8 @@ absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePullUncounted(
       if (r.piece == 0) return absl::InvalidArgumentError("an extent has length 0");
     }
     if (spec.into.pieces() > options_.max_extents) {
-      return TooLarge(absl::StrCat(spec.into.pieces(), " extents; the limit is ",
-                                   options_.max_extents));
+      return TooLarge(
+          absl::StrCat(spec.into.pieces(), " extents; the limit is ", options_.max_extents));
     }
     st->local = spec.into.Expand();
     absl::ReaderMutexLock lock(&mu_);
@@ -715,7 +715,8 @@ absl::Status Node::BuildRequest(PullHandle::State& st) {
         ASSIGN_OR_RETURN(st.windows, OpenWindows(st.local));
         for (const RegionDescriptor& d : st.windows.descriptors) {
           if (d.keys.empty()) {
-            return Conflict("rdma: a destination region is not on the rails here; use the staged path");
+            return Conflict(
+                "rdma: a destination region is not on the rails here; use the staged path");
           }
         }
         req.regions = st.windows.descriptors;
@@ -740,9 +741,9 @@ absl::Status Node::BuildRequest(PullHandle::State& st) {
     }
     case PullPath::kStaged: {
       ASSIGN_OR_RETURN(st.ring, staging_->Acquire());
-      ASSIGN_OR_RETURN(engine::Window w,
-                       engine_->OpenWindow(st.ring->region(), 0,
-                                           st.ring->slots() * st.ring->slot_bytes()));
+      ASSIGN_OR_RETURN(
+          engine::Window w,
+          engine_->OpenWindow(st.ring->region(), 0, st.ring->slots() * st.ring->slot_bytes()));
       st.ring_window = w.id;
       req.staged = true;
       req.staging.region = std::move(w.descriptor);
@@ -773,8 +774,8 @@ void Node::ArmAnswer(const std::shared_ptr<PullHandle::State>& st) {
   absl::MutexLock lock(&calls_mu_);
   calls_[st->id] = [this, st, node = st->session->info.id](absl::StatusOr<wire::Envelope> a) {
     if (a.ok() && a->from.node != node) {
-      a = absl::UnavailableError(absl::StrCat("an answer came from ", a->from.node,
-                                              " where node ", node, " was asked"));
+      a = absl::UnavailableError(
+          absl::StrCat("an answer came from ", a->from.node, " where node ", node, " was asked"));
     }
     OnPullAnswer(st, std::move(a));
   };
@@ -791,11 +792,11 @@ void Node::SendPull(const std::shared_ptr<PullHandle::State>& st) {
     st->resent = false;
   }
   const uint64_t id = st->id;
-  Transmit(st->session,
-           auth_.Seal(wire::EncodeEnvelope({wire::MessageType::kPull, id, self_,
-                                            wire::Encode(st->request)})),
-           st->deadline,
-           [this, id](absl::StatusOr<std::string> sent) { OnSent(id, std::move(sent)); });
+  Transmit(
+      st->session,
+      auth_.Seal(
+          wire::EncodeEnvelope({wire::MessageType::kPull, id, self_, wire::Encode(st->request)})),
+      st->deadline, [this, id](absl::StatusOr<std::string> sent) { OnSent(id, std::move(sent)); });
 }
 
 void Node::OnPullAnswer(const std::shared_ptr<PullHandle::State>& st,
@@ -822,7 +823,8 @@ absl::StatusOr<PullStats> PullHandle::Wait(absl::Time deadline) {
     {
       absl::MutexLock lock(&st.mu);
       if (st.finished) return st.result;
-      auto ready = [&st]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) { return st.answered || st.finished; };
+      auto ready = [&st]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) { return st.answered || st.finished; };
       const absl::Time until = std::min({deadline, st.deadline, st.next_probe});
       if (!st.mu.AwaitWithDeadline(absl::Condition(&ready), until)) {
         const absl::Time now = absl::Now();
@@ -875,8 +877,8 @@ void Node::Probe(const std::shared_ptr<PullHandle::State>& st) {
   if (st->answered || st->id != pull) return;
   if (!a.ok()) {
     st->answered = true;
-    st->answer = absl::UnavailableError(absl::StrCat("the source stopped answering: ",
-                                                     a.status().message()));
+    st->answer = absl::UnavailableError(
+        absl::StrCat("the source stopped answering: ", a.status().message()));
     return;
   }
   switch (a->type) {
@@ -893,10 +895,11 @@ void Node::Probe(const std::shared_ptr<PullHandle::State>& st) {
         st->resent = true;
         st->unknown = 0;
         http_->Send(PeerRef{st->session->url, 0},
-                    auth_.Seal(wire::EncodeEnvelope({wire::MessageType::kPull, pull, self_,
-                                                     wire::Encode(st->request)})),
-                    st->deadline,
-                    [this, pull](absl::StatusOr<std::string> sent) { OnSent(pull, std::move(sent)); });
+                    auth_.Seal(wire::EncodeEnvelope(
+                        {wire::MessageType::kPull, pull, self_, wire::Encode(st->request)})),
+                    st->deadline, [this, pull](absl::StatusOr<std::string> sent) {
+                      OnSent(pull, std::move(sent));
+                    });
         return;
       }
       st->answered = true;
@@ -982,14 +985,16 @@ absl::StatusOr<PullStats> Node::FinishPull(PullHandle::State& st, bool cancelled
     // node then makes sure no WRITE of it can land (its windows close; a prepared destination
     // takes a new epoch, so its keys change).
     Forget(st.id);
-    auto stopped = CallAndWait(st.session, wire::MessageType::kCancel, wire::EncodeId(st.id),
-                               std::min(st.deadline + absl::Seconds(5), absl::Now() + absl::Seconds(5)));
+    auto stopped =
+        CallAndWait(st.session, wire::MessageType::kCancel, wire::EncodeId(st.id),
+                    std::min(st.deadline + absl::Seconds(5), absl::Now() + absl::Seconds(5)));
     const bool confirmed = stopped.ok() && stopped->type == wire::MessageType::kCancelDone;
     if (!confirmed && st.prepared) st.node->RekeyPrepared(st.prepared);
-    stats = cancelled ? absl::CancelledError(absl::StrCat("pull ", st.id, " cancelled"))
-                      : absl::DeadlineExceededError(absl::StrCat(
-                            "pull of '", st.spec.object, "' from ", st.session->url,
-                            " passed its deadline"));
+    stats =
+        cancelled
+            ? absl::CancelledError(absl::StrCat("pull ", st.id, " cancelled"))
+            : absl::DeadlineExceededError(absl::StrCat("pull of '", st.spec.object, "' from ",
+                                                       st.session->url, " passed its deadline"));
   }
   const bool staged_failed = !stats.ok() && st.ring != nullptr;
   if (st.receiver.joinable()) {
@@ -1006,11 +1011,12 @@ absl::StatusOr<PullStats> Node::FinishPull(PullHandle::State& st, bool cancelled
     stats->via = std::string(st.session->transport->name());
     stats->fallback = st.fallback;
     // Staged bytes are in place only once this side has copied the last chunk in.
-    if (st.path == PullPath::kStaged) stats->seconds = absl::ToDoubleSeconds(absl::Now() - st.start);
+    if (st.path == PullPath::kStaged)
+      stats->seconds = absl::ToDoubleSeconds(absl::Now() - st.start);
     if (st.new_region) {
       const std::string target = st.spec.as.empty() ? st.spec.object : st.spec.as;
-      PublishOptions publish = {.replace = st.spec.replace, .durable = st.spec.durable,
-                                .announce = st.spec.announce};
+      PublishOptions publish = {
+          .replace = st.spec.replace, .durable = st.spec.durable, .announce = st.spec.announce};
       // A replica keeps the source's version number, so that the directory's holders of a
       // version hold the same bytes; not when this node has that version or a later one.
       if (membership_ && st.spec.announce && target == st.spec.object) {
@@ -1038,8 +1044,8 @@ absl::StatusOr<PullStats> Node::FinishPull(PullHandle::State& st, bool cancelled
     absl::MutexLock lock(&running_mu_);
     running_.erase(&st);
   }
-  metrics_.PullEnded(st.log_id, "destination", PathName(st.path), stats.status(), stats.ok() ? stats->bytes : 0,
-                     absl::ToDoubleSeconds(absl::Now() - st.start));
+  metrics_.PullEnded(st.log_id, "destination", PathName(st.path), stats.status(),
+                     stats.ok() ? stats->bytes : 0, absl::ToDoubleSeconds(absl::Now() - st.start));
   absl::MutexLock lock(&st.mu);
   st.finished = true;
   st.result = stats;
@@ -1076,9 +1082,9 @@ void Node::RekeyPrepared(const std::shared_ptr<Prepared>& p) {
   CloseWindows(old.ids, /*wait=*/true);
 }
 
-absl::Status Node::ReceiveStaged(const std::vector<Extent>& local, uint64_t size,
-                                 StagingRing& ring, uint32_t tag, std::shared_ptr<Session> source,
-                                 absl::Time deadline, const std::atomic<bool>* stop) {
+absl::Status Node::ReceiveStaged(const std::vector<Extent>& local, uint64_t size, StagingRing& ring,
+                                 uint32_t tag, std::shared_ptr<Session> source, absl::Time deadline,
+                                 const std::atomic<bool>* stop) {
   std::vector<Span> dst;
   {
     absl::ReaderMutexLock lock(&mu_);
@@ -1100,8 +1106,8 @@ absl::Status Node::ReceiveStaged(const std::vector<Extent>& local, uint64_t size
     {
       absl::ReaderMutexLock lock(&mu_);
       if (!AllRegistered(local)) return Conflict("a destination region went during the pull");
-      RETURN_IF_ERROR(RunPieces(PairSpans(Slice(dst, offset, length),
-                                          {{ring.slot(slot), length, Device::Host()}})));
+      RETURN_IF_ERROR(RunPieces(
+          PairSpans(Slice(dst, offset, length), {{ring.slot(slot), length, Device::Host()}})));
     }
     // The slot is free again: one-way, no answer.
     Transmit(source,

@@ -138,7 +138,8 @@ void Node::OnControl(std::string_view sender, std::string_view payload) {
   }
   auto envelope = wire::DecodeEnvelope(*opened);
   if (!envelope.ok()) {
-    spdlog::warn("dropped a message from {}: {}", std::string(sender), envelope.status().ToString());
+    spdlog::warn("dropped a message from {}: {}", std::string(sender),
+                 envelope.status().ToString());
     return;
   }
   switch (envelope->type) {
@@ -167,8 +168,8 @@ void Node::HandleMessage(std::string_view sender, std::string sealed, Reply repl
     // A copy of a message that came already (over the fabric first) needs no answer.
     if (absl::StrContains(opened.status().message(), "replayed")) return reply(std::string());
     // An answer it can read needs no seal: the sender learns why, not more.
-    return reply(wire::EncodeEnvelope({wire::MessageType::kError, 0, self_,
-                                       wire::Encode(opened.status())}));
+    return reply(
+        wire::EncodeEnvelope({wire::MessageType::kError, 0, self_, wire::Encode(opened.status())}));
   }
   auto envelope = wire::DecodeEnvelope(*opened);
   if (!envelope.ok()) {
@@ -211,10 +212,10 @@ void Node::Serve(wire::Envelope request, Reply reply) {
       return ServePull(request.from, id, std::move(pull),
                        [this, answer, key = absl::StrCat(request.from.node, "/", id)](
                            absl::StatusOr<PullStats> r) {
-                         auto [type, body] = r.ok() ? std::pair(wire::MessageType::kPullDone,
-                                                                wire::Encode(*r))
-                                                    : std::pair(wire::MessageType::kError,
-                                                                wire::Encode(r.status()));
+                         auto [type, body] =
+                             r.ok()
+                                 ? std::pair(wire::MessageType::kPullDone, wire::Encode(*r))
+                                 : std::pair(wire::MessageType::kError, wire::Encode(r.status()));
                          Ended(key, type, body);
                          answer(type, std::move(body));
                        });
@@ -236,10 +237,9 @@ void Node::Serve(wire::Envelope request, Reply reply) {
         ServePull(request.from, item_id, std::move(pull),
                   [this, item_answer, key = absl::StrCat(request.from.node, "/", item_id)](
                       absl::StatusOr<PullStats> r) {
-                    auto [type, b] = r.ok() ? std::pair(wire::MessageType::kPullDone,
-                                                        wire::Encode(*r))
-                                            : std::pair(wire::MessageType::kError,
-                                                        wire::Encode(r.status()));
+                    auto [type, b] =
+                        r.ok() ? std::pair(wire::MessageType::kPullDone, wire::Encode(*r))
+                               : std::pair(wire::MessageType::kError, wire::Encode(r.status()));
                     Ended(key, type, b);
                     item_answer(type, std::move(b));
                   });
@@ -327,8 +327,8 @@ absl::StatusOr<engine::PeerId> Node::PeerFor(const PeerAddress& from, absl::Time
   auto id = engine_->AddPeer(from, deadline);
   if (!id.ok()) {
     if (absl::IsInvalidArgument(id.status())) return id.status();
-    return absl::UnavailableError(absl::StrCat("node ", from.node, " unreachable over the rails: ",
-                                               id.status().message()));
+    return absl::UnavailableError(
+        absl::StrCat("node ", from.node, " unreachable over the rails: ", id.status().message()));
   }
   auto peer = std::make_shared<Peer>();
   peer->id = *id;
@@ -339,9 +339,10 @@ absl::StatusOr<engine::PeerId> Node::PeerFor(const PeerAddress& from, absl::Time
 }
 
 absl::StatusOr<ObjectInfo> Node::ServeStat(const wire::StatRequest& request) {
-  ASSIGN_OR_RETURN(auto record, catalog_->Get(request.object,
-                                              request.version == 0 ? std::nullopt
-                                                                   : std::optional(request.version)));
+  ASSIGN_OR_RETURN(
+      auto record,
+      catalog_->Get(request.object,
+                    request.version == 0 ? std::nullopt : std::optional(request.version)));
   ASSIGN_OR_RETURN(std::vector<Extent> part, PartOf(record->extents, record->size, request.part));
   absl::ReaderMutexLock lock(&mu_);
   ObjectInfo info = View(*record, /*with_extents=*/false);
@@ -394,7 +395,8 @@ void Node::ServePull(const PeerAddress& from, uint64_t id, wire::PullRequest req
   if (!added) return done(absl::CancelledError(absl::StrCat("pull ", id, " was cancelled")));
   // Counted until its answer goes: buffers of versions dropped meanwhile are freed by then
   // (on a serving thread: the answer may come from a progress thread, which must not wait).
-  auto in_flight = std::make_shared<std::unique_ptr<PullInFlight>>(std::make_unique<PullInFlight>(this));
+  auto in_flight =
+      std::make_shared<std::unique_ptr<PullInFlight>>(std::make_unique<PullInFlight>(this));
   const std::string_view path = req.path <= static_cast<uint8_t>(PullPath::kStaged)
                                     ? PathName(static_cast<PullPath>(req.path))
                                     : "unknown";
@@ -422,26 +424,26 @@ void Node::ServePull(const PeerAddress& from, uint64_t id, wire::PullRequest req
     });
   };
   const absl::Duration timeout =
-      req.timeout_ms == 0
-          ? options_.pull_timeout
-          : std::min(absl::Milliseconds(static_cast<int64_t>(std::min<uint64_t>(
-                         req.timeout_ms, uint64_t{1} << 40))),
-                     options_.max_pull_timeout);
+      req.timeout_ms == 0 ? options_.pull_timeout
+                          : std::min(absl::Milliseconds(static_cast<int64_t>(
+                                         std::min<uint64_t>(req.timeout_ms, uint64_t{1} << 40))),
+                                     options_.max_pull_timeout);
   const absl::Time deadline = absl::Now() + timeout;
   auto run = [&]() -> absl::Status {
     if (req.path > static_cast<uint8_t>(PullPath::kStaged)) {
       return absl::InvalidArgumentError(absl::StrCat("unknown path ", req.path));
     }
     const auto path = static_cast<PullPath>(req.path);
-    ASSIGN_OR_RETURN(std::shared_ptr<const metadata::ObjectRecord> object,
-                     catalog_->Get(req.object, req.version == 0 ? std::nullopt
-                                                                : std::optional(req.version)));
+    ASSIGN_OR_RETURN(
+        std::shared_ptr<const metadata::ObjectRecord> object,
+        catalog_->Get(req.object, req.version == 0 ? std::nullopt : std::optional(req.version)));
     ASSIGN_OR_RETURN(std::vector<Extent> source, PartOf(object->extents, object->size, req.part));
     const uint64_t size = Bytes(source);
     {
       absl::ReaderMutexLock lock(&mu_);
       if (!Attached(*object)) {
-        return Conflict(absl::StrCat("object '", req.object, "' is detached: its regions are not "
+        return Conflict(absl::StrCat("object '", req.object,
+                                     "' is detached: its regions are not "
                                      "registered since the node restarted"));
       }
     }
@@ -509,9 +511,9 @@ absl::Status Node::SubmitRdma(const std::shared_ptr<RdmaPull>& rdma, engine::Pee
         absl::Status again = [&]() -> absl::Status {
           // A fresh peer answers its hellos at once when the links are back; not waited for
           // longer than a question over the fabric is.
-          ASSIGN_OR_RETURN(engine::PeerId fresh,
-                           PeerFor(rdma->from, std::min(rdma->deadline,
-                                                        absl::Now() + FabricAnswerTime())));
+          ASSIGN_OR_RETURN(
+              engine::PeerId fresh,
+              PeerFor(rdma->from, std::min(rdma->deadline, absl::Now() + FabricAnswerTime())));
           return SubmitRdma(rdma, fresh);
         }();
         if (!again.ok()) rdma->finish(first);
@@ -575,15 +577,16 @@ absl::StatusOr<Node::PullTarget> Node::ResolveTarget(const std::string& sender,
     uint64_t total = 0;
     for (const Extent& e : extents) {
       if (e.region >= regions.size()) {
-        return absl::InvalidArgumentError(absl::StrCat("extent names region ", e.region, " of ",
-                                                       regions.size()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("extent names region ", e.region, " of ", regions.size()));
       }
       if (e.length == 0 || !InBounds(e.offset, e.length, regions[e.region].length)) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "destination extent [", e.offset, ", +", e.length, ") is empty or outside its region of ",
-            regions[e.region].length, " bytes"));
+            "destination extent [", e.offset, ", +", e.length,
+            ") is empty or outside its region of ", regions[e.region].length, " bytes"));
       }
-      if (total + e.length < total) return absl::InvalidArgumentError("extents overflow 2^64 bytes");
+      if (total + e.length < total)
+        return absl::InvalidArgumentError("extents overflow 2^64 bytes");
       total += e.length;
     }
     if (!disjoint_known) {
@@ -641,8 +644,8 @@ absl::StatusOr<Node::PullTarget> Node::ResolveTarget(const std::string& sender,
   } else {
     t.regions = std::make_shared<const std::vector<RegionDescriptor>>(req.regions);
     if (req.layout.pieces() > options_.max_extents) {
-      return TooLarge(absl::StrCat(req.layout.pieces(), " extents; the limit is ",
-                                   options_.max_extents));
+      return TooLarge(
+          absl::StrCat(req.layout.pieces(), " extents; the limit is ", options_.max_extents));
     }
     t.extents.reserve(req.layout.pieces());
     req.layout.ForEach([&](const Extent& e) { t.extents.push_back(e); });
@@ -662,8 +665,8 @@ absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
   for (size_t i = 0; i < regions.size(); ++i) {
     const RegionDescriptor& d = regions[i];
     if (!IsCuda(d.device) || d.ipc_handle.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cuda_ipc: destination region ", i, " is not GPU memory with an IPC handle"));
+      return absl::InvalidArgumentError(absl::StrCat("cuda_ipc: destination region ", i,
+                                                     " is not GPU memory with an IPC handle"));
     }
     if (d.host != HostId()) {
       return absl::InvalidArgumentError("cuda_ipc: the destination is on another host");
@@ -694,9 +697,9 @@ absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
   for (const RegionDescriptor& d : regions) {
     ASSIGN_OR_RETURN(engine::CudaMapping m, ipc_cache_.Open(d.ipc_handle, dst_gpu));
     if (!InBounds(d.ipc_offset, d.length, m.size)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cuda_ipc: region [", d.ipc_offset, ", +", d.length, ") is outside its allocation of ",
-          m.size, " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("cuda_ipc: region [", d.ipc_offset, ", +",
+                                                     d.length, ") is outside its allocation of ",
+                                                     m.size, " bytes"));
     }
     maps.push_back(std::move(m));
   }
@@ -727,16 +730,14 @@ absl::StatusOr<PullStats> Node::ServeIpc(const metadata::ObjectRecord& object,
 }
 
 absl::StatusOr<PullStats> Node::ServeStaged(const metadata::ObjectRecord& object,
-                                            const std::vector<Extent>& source,
-                                            engine::PeerId peer, const wire::StagingRing& staging,
-                                            absl::Time deadline) {
+                                            const std::vector<Extent>& source, engine::PeerId peer,
+                                            const wire::StagingRing& staging, absl::Time deadline) {
   const uint64_t slots = staging.slots, slot_bytes = staging.slot_bytes, tag = staging.tag;
-  if (slots == 0 || slots > 256 || slot_bytes < 4096 ||
-      slot_bytes > options_.staging_slot_bytes || tag + slots > (uint64_t{1} << 32) ||
-      staging.region.length / slots < slot_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "staging: want 1 to 256 slots of 4096 to ", options_.staging_slot_bytes,
-        " bytes inside the ring region, and tag + slots below 2^32"));
+  if (slots == 0 || slots > 256 || slot_bytes < 4096 || slot_bytes > options_.staging_slot_bytes ||
+      tag + slots > (uint64_t{1} << 32) || staging.region.length / slots < slot_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("staging: want 1 to 256 slots of 4096 to ", options_.staging_slot_bytes,
+                     " bytes inside the ring region, and tag + slots below 2^32"));
   }
   ASSIGN_OR_RETURN(std::shared_ptr<StagingRing> ring, staging_->Acquire());
   const std::string key = absl::StrCat(staging.region.node, "/", tag);
@@ -797,8 +798,8 @@ absl::StatusOr<PullStats> Node::ServeStaged(const metadata::ObjectRecord& object
         status = Conflict("the object's regions went during the pull");
         break;
       }
-      status = RunPieces(PairSpans({{ring->slot(mine), length, Device::Host()}},
-                                   Slice(src, offset, length)));
+      status = RunPieces(
+          PairSpans({{ring->slot(mine), length, Device::Host()}}, Slice(src, offset, length)));
       if (!status.ok()) break;
     }
     engine::TransferRequest t;

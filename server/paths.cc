@@ -108,8 +108,7 @@ absl::StatusOr<std::unique_ptr<StagingRing>> StagingRing::Create(engine::Engine&
     ring->mem_ = static_cast<char*>(engine::AllocateHostMemory(bytes));
     if (ring->mem_ == nullptr) return absl::ResourceExhaustedError("out of memory for staging");
   }
-  ASSIGN_OR_RETURN(ring->region_,
-                   engine.RegisterMemory(ring->mem_, bytes, Device::Host()));
+  ASSIGN_OR_RETURN(ring->region_, engine.RegisterMemory(ring->mem_, bytes, Device::Host()));
   return ring;
 }
 

@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "base/ids.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "base/ids.h"
 #include "engine/cuda.h"
 #include "engine/engine.h"
 
@@ -41,12 +41,12 @@ inline constexpr char kDeviceMemoryFailed[] = "failed with GPU memory on the rai
 
 // What the destination knows when it chooses.
 struct PathFacts {
-  bool same_host = false;        // the source's HostId() equals this host's
-  bool cuda_here = false;        // this node can run CUDA (built with it, a GPU present)
-  bool src_all_gpu = false;      // every source extent is in GPU memory
-  bool src_on_rails = true;      // every source region is registered on the rails
-  bool dst_all_ipc = false;      // every destination region is GPU memory with an IPC handle
-  bool dst_on_rails = true;      // every destination region has rail keys
+  bool same_host = false;    // the source's HostId() equals this host's
+  bool cuda_here = false;    // this node can run CUDA (built with it, a GPU present)
+  bool src_all_gpu = false;  // every source extent is in GPU memory
+  bool src_on_rails = true;  // every source region is registered on the rails
+  bool dst_all_ipc = false;  // every destination region is GPU memory with an IPC handle
+  bool dst_on_rails = true;  // every destination region has rail keys
 };
 // Same host and GPU on both sides: kCudaIpc. Both sides on the rails: kRdma. Else kStaged.
 PullPath ChoosePath(const PathFacts& facts);
@@ -84,7 +84,8 @@ void WalkPairs(size_t dst_count, DstAt&& dst_at, const std::vector<Span>& src, F
 }
 template <class F>
 void WalkPairs(const std::vector<Span>& dst, const std::vector<Span>& src, F&& f) {
-  WalkPairs(dst.size(), [&dst](size_t i) { return dst[i]; }, src, std::forward<F>(f));
+  WalkPairs(
+      dst.size(), [&dst](size_t i) { return dst[i]; }, src, std::forward<F>(f));
 }
 // Pairs two span lists of the same total length into pieces (source spans choose the device,
 // or the destination's when the source is host memory).
@@ -98,8 +99,8 @@ absl::Status RunPieces(const std::vector<Piece>& pieces);
 // (GPUs then read and write it directly), registered on every rail.
 class StagingRing {
  public:
-  static absl::StatusOr<std::unique_ptr<StagingRing>> Create(engine::Engine& engine,
-                                                             size_t slots, uint64_t slot_bytes);
+  static absl::StatusOr<std::unique_ptr<StagingRing>> Create(engine::Engine& engine, size_t slots,
+                                                             uint64_t slot_bytes);
   ~StagingRing();
   char* slot(size_t i) const { return mem_ + i * slot_bytes_; }
   size_t slots() const { return slots_; }

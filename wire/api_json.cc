@@ -28,13 +28,15 @@ absl::StatusOr<std::vector<Device>> DevicesFromJson(const nlohmann::json& j) {
 
 absl::StatusOr<std::vector<uint32_t>> Indices(const nlohmann::json& j, const char* what,
                                               uint64_t max) {
-  if (!j.is_array()) return absl::InvalidArgumentError(absl::StrCat("\"", what, "\" must be an array"));
+  if (!j.is_array())
+    return absl::InvalidArgumentError(absl::StrCat("\"", what, "\" must be an array"));
   if (j.size() > max) return TooLarge(absl::StrCat("\"", what, "\" holds more than ", max));
   std::vector<uint32_t> out;
   out.reserve(j.size());
   for (const auto& i : j) {
     if (!i.is_number_unsigned() || i.get<uint64_t>() > UINT32_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat("\"", what, "\" holds unsigned 32-bit integers"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", what, "\" holds unsigned 32-bit integers"));
     }
     out.push_back(i.get<uint32_t>());
   }
@@ -46,10 +48,10 @@ absl::StatusOr<std::vector<uint32_t>> Indices(const nlohmann::json& j, const cha
 nlohmann::json ToJson(const ObjectInfo& o, bool with_extents) {
   nlohmann::json devices = nlohmann::json::array();
   for (const Device& d : o.devices) devices.push_back(d.ToString());
-  nlohmann::json j = {{"name", o.name},         {"version", o.version},
-                      {"size", o.size},         {"created_ms", o.created_ms},
-                      {"durable", o.durable},   {"detached", o.detached},
-                      {"devices", devices},     {"on_rails", o.on_rails}};
+  nlohmann::json j = {{"name", o.name},       {"version", o.version},
+                      {"size", o.size},       {"created_ms", o.created_ms},
+                      {"durable", o.durable}, {"detached", o.detached},
+                      {"devices", devices},   {"on_rails", o.on_rails}};
   // Valid JSON: the node checked it at publish.
   if (!o.meta.empty()) j["meta"] = nlohmann::json::parse(o.meta, nullptr, false);
   if (!o.content_type.empty()) j["content_type"] = o.content_type;
@@ -94,18 +96,18 @@ absl::StatusOr<ObjectInfo> ObjectInfoFromJson(const nlohmann::json& j) {
 }
 
 nlohmann::json ToJson(const PullStats& s) {
-  nlohmann::json j = {{"object", s.object},
-                      {"version", s.version},
-                      {"bytes", s.bytes},
-                      {"seconds", s.seconds},
-                      {"path", s.path},
-                      {"via", s.via},
-                      {"bytes_per_rail", s.bytes_per_rail},
-                      {"rerouted_writes", s.rerouted_writes},
-                      {"failed_rails", s.failed_rails},
-                      {"rail_seconds", s.rail_seconds},
-                      {"gbps", s.seconds > 0 ? static_cast<double>(s.bytes) * 8 / s.seconds / 1e9
-                                             : 0.0}};
+  nlohmann::json j = {
+      {"object", s.object},
+      {"version", s.version},
+      {"bytes", s.bytes},
+      {"seconds", s.seconds},
+      {"path", s.path},
+      {"via", s.via},
+      {"bytes_per_rail", s.bytes_per_rail},
+      {"rerouted_writes", s.rerouted_writes},
+      {"failed_rails", s.failed_rails},
+      {"rail_seconds", s.rail_seconds},
+      {"gbps", s.seconds > 0 ? static_cast<double>(s.bytes) * 8 / s.seconds / 1e9 : 0.0}};
   if (s.region) j["region"] = *s.region;
   if (!s.fallback.empty()) j["fallback"] = s.fallback;
   // A pull by name says which holder delivered and which failed before it.
@@ -197,16 +199,19 @@ nlohmann::json ToJson(const Layout& layout) {
         break;
       case Layout::Run::Kind::kStrided:
         out.push_back({{"strided",
-                        {{"region", r.region}, {"offset", r.offset}, {"piece", r.piece},
-                         {"stride", r.stride}, {"count", r.count}}}});
+                        {{"region", r.region},
+                         {"offset", r.offset},
+                         {"piece", r.piece},
+                         {"stride", r.stride},
+                         {"count", r.count}}}});
         break;
       case Layout::Run::Kind::kPages: {
         std::vector<uint32_t> ids(
             layout.page_ids().begin() + static_cast<ptrdiff_t>(r.first_page),
             layout.page_ids().begin() + static_cast<ptrdiff_t>(r.first_page + r.count));
-        out.push_back({{"pages",
-                        {{"region", r.region}, {"offset", r.offset}, {"page_size", r.piece},
-                         {"ids", ids}}}});
+        out.push_back(
+            {{"pages",
+              {{"region", r.region}, {"offset", r.offset}, {"page_size", r.piece}, {"ids", ids}}}});
         break;
       }
     }
@@ -263,7 +268,8 @@ absl::StatusOr<PullSpec> PullSpecFromJson(const nlohmann::json& j, uint64_t max_
   const nlohmann::json into = j.value("into", nlohmann::json{{"device", "host"}});
   if (!into.is_object()) return absl::InvalidArgumentError("\"into\" must be an object");
   if (into.contains("device")) {
-    if (!into["device"].is_string()) return absl::InvalidArgumentError("\"device\" must be a string");
+    if (!into["device"].is_string())
+      return absl::InvalidArgumentError("\"device\" must be a string");
     ASSIGN_OR_RETURN(Device d, Device::Parse(into["device"].get<std::string>()));
     spec.new_buffer = d;
   } else if (into.contains("prepared")) {
@@ -285,7 +291,8 @@ absl::StatusOr<PullSpec> PullSpecFromJson(const nlohmann::json& j, uint64_t max_
     if (!into["extents_b64"].is_string()) {
       return absl::InvalidArgumentError("\"extents_b64\" must be a string");
     }
-    ASSIGN_OR_RETURN(std::vector<Extent> extents, UnpackExtents(into["extents_b64"].get<std::string>()));
+    ASSIGN_OR_RETURN(std::vector<Extent> extents,
+                     UnpackExtents(into["extents_b64"].get<std::string>()));
     if (extents.size() > max_pieces) {
       return TooLarge(absl::StrCat(extents.size(), " extents; the limit is ", max_pieces));
     }
@@ -301,8 +308,10 @@ absl::StatusOr<PullSpec> PullSpecFromJson(const nlohmann::json& j, uint64_t max_
 }
 
 nlohmann::json ToJson(const PullSpec& spec) {
-  nlohmann::json j = {{"object", spec.object}, {"path", spec.path},
-                      {"replace", spec.replace}, {"durable", spec.durable}};
+  nlohmann::json j = {{"object", spec.object},
+                      {"path", spec.path},
+                      {"replace", spec.replace},
+                      {"durable", spec.durable}};
   if (!spec.from.empty()) j["from"] = spec.from;
   if (!spec.announce) j["announce"] = false;
   if (spec.version) j["version"] = *spec.version;

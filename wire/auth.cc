@@ -14,8 +14,8 @@ std::string Hmac(std::string_view key, std::string_view data) {
   unsigned char out[32];
   size_t n = 0;
   if (EVP_Q_mac(nullptr, "HMAC", nullptr, "SHA256", nullptr, key.data(), key.size(),
-                reinterpret_cast<const unsigned char*>(data.data()), data.size(), out,
-                sizeof(out), &n) == nullptr ||
+                reinterpret_cast<const unsigned char*>(data.data()), data.size(), out, sizeof(out),
+                &n) == nullptr ||
       n != sizeof(out)) {
     return std::string();  // never matches a 32-byte MAC
   }
@@ -26,8 +26,8 @@ std::string Hmac(std::string_view key, std::string_view data) {
 
 std::string ClusterKeyFromToken(std::string_view token) {
   if (token.empty()) return std::string();
-  const std::string input = absl::StrCat("ferry cluster key v1", std::string(1, '\0'),
-                                         std::string(token));
+  const std::string input =
+      absl::StrCat("ferry cluster key v1", std::string(1, '\0'), std::string(token));
   unsigned char out[32];
   unsigned int n = 0;
   EVP_Digest(input.data(), input.size(), out, &n, EVP_sha256(), nullptr);
@@ -56,8 +56,7 @@ absl::StatusOr<std::string_view> MessageAuth::Open(std::string_view sealed,
   if (sealed.size() < kTrailer) return absl::UnauthenticatedError("message without a seal");
   const std::string_view signed_part = sealed.substr(0, sealed.size() - 32);
   const std::string mac = Hmac(key_, signed_part);
-  if (mac.size() != 32 ||
-      CRYPTO_memcmp(mac.data(), sealed.data() + signed_part.size(), 32) != 0) {
+  if (mac.size() != 32 || CRYPTO_memcmp(mac.data(), sealed.data() + signed_part.size(), 32) != 0) {
     return absl::UnauthenticatedError("message sealed under another cluster key, or altered");
   }
   ByteReader r(signed_part.substr(signed_part.size() - 16));

@@ -46,7 +46,7 @@ class MessageAuth {
   const uint64_t nonce_;
   absl::Mutex mu_;
   uint64_t counter_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::string, Seen> seen_ ABSL_GUARDED_BY(mu_);  // by sender and nonce
+  std::map<std::string, Seen> seen_ ABSL_GUARDED_BY(mu_);    // by sender and nonce
   std::deque<std::string> seen_order_ ABSL_GUARDED_BY(mu_);  // oldest first, to bound seen_
 };
 

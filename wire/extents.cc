@@ -69,7 +69,8 @@ std::string PackExtents(const std::vector<Extent>& extents) {
 
 absl::StatusOr<std::vector<Extent>> UnpackExtents(const std::string& b64) {
   std::string raw;
-  if (!absl::Base64Unescape(b64, &raw)) return absl::InvalidArgumentError("\"extents_b64\" is not base64");
+  if (!absl::Base64Unescape(b64, &raw))
+    return absl::InvalidArgumentError("\"extents_b64\" is not base64");
   return UnpackRawExtents(raw);
 }
 

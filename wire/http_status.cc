@@ -46,22 +46,33 @@ std::optional<int> HttpStatusOverride(const absl::Status& s) {
 int HttpStatusFor(const absl::Status& s) {
   if (auto forced = HttpStatusOverride(s)) return *forced;
   switch (s.code()) {
-    case absl::StatusCode::kOk: return 200;
+    case absl::StatusCode::kOk:
+      return 200;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange: return 400;
-    case absl::StatusCode::kUnauthenticated: return 401;
-    case absl::StatusCode::kPermissionDenied: return 403;
-    case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
     case absl::StatusCode::kAlreadyExists:
-    case absl::StatusCode::kAborted: return 409;
-    case absl::StatusCode::kResourceExhausted: return 429;
-    case absl::StatusCode::kUnimplemented: return 501;
+    case absl::StatusCode::kAborted:
+      return 409;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kUnimplemented:
+      return 501;
     // Cancelled: the node stopped the work (it drains), not the caller's fault.
     case absl::StatusCode::kCancelled:
-    case absl::StatusCode::kUnavailable: return 503;
-    case absl::StatusCode::kDeadlineExceeded: return 504;
-    default: return 500;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
   }
 }
 
@@ -114,7 +125,8 @@ absl::Status StatusFromJson(const nlohmann::json& body, const std::string& conte
   const auto& e = body["error"];
   absl::StatusCode code = absl::StatusCode::kUnknown;
   std::string message;
-  if (e.contains("code") && e["code"].is_string()) code = CodeFromName(e["code"].get<std::string>());
+  if (e.contains("code") && e["code"].is_string())
+    code = CodeFromName(e["code"].get<std::string>());
   if (e.contains("message") && e["message"].is_string()) message = e["message"].get<std::string>();
   if (code == absl::StatusCode::kOk) code = absl::StatusCode::kUnknown;
   return absl::Status(code, absl::StrCat(context, ": ", message));

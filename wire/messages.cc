@@ -16,7 +16,8 @@ absl::Status Malformed(std::string_view what) {
 }
 
 absl::Status Done(const ByteReader& in, std::string_view what) {
-  if (!in.done()) return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": trailing bytes"));
+  if (!in.done())
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": trailing bytes"));
   return absl::OkStatus();
 }
 
@@ -59,7 +60,8 @@ absl::StatusOr<Envelope> DecodeEnvelope(std::string_view bytes) {
   uint8_t version = 0, type = 0;
   if (!in.U8(&version) || !in.U8(&type) || !in.U64(&e.id)) return Malformed("message");
   if (version != kVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("message of version ", version, "; this ferry speaks ", kVersion));
+    return absl::InvalidArgumentError(
+        absl::StrCat("message of version ", version, "; this ferry speaks ", kVersion));
   }
   if (type < static_cast<uint8_t>(MessageType::kStat) ||
       type > static_cast<uint8_t>(MessageType::kUnknownRequest)) {
@@ -200,7 +202,8 @@ absl::Status Decode(ByteReader& in, Layout* l, uint64_t max_pieces) {
       return absl::InvalidArgumentError("layout: a piece of 0 bytes, or a run of none");
     }
     if (count > max_pieces - pieces) {
-      return absl::InvalidArgumentError(absl::StrCat("layout of more than ", max_pieces, " pieces"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("layout of more than ", max_pieces, " pieces"));
     }
     pieces += count;
     uint64_t run_bytes = 0;
@@ -286,8 +289,7 @@ absl::Status Decode(std::string_view b, PullRequest* r, uint64_t max_pieces) {
   r->staged = staged != 0;
   if (r->staged) {
     RETURN_IF_ERROR(Decode(in, &r->staging.region));
-    if (!in.U32(&r->staging.slots) || !in.U64(&r->staging.slot_bytes) ||
-        !in.U32(&r->staging.tag)) {
+    if (!in.U32(&r->staging.slots) || !in.U64(&r->staging.slot_bytes) || !in.U32(&r->staging.tag)) {
       return Malformed("pull request");
     }
   }

@@ -20,20 +20,20 @@
 namespace ferry::wire {
 
 enum class MessageType : uint8_t {
-  kStat = 1,        // destination -> source: StatRequest
-  kStatAnswer = 2,  // ObjectInfo (no extents)
-  kPull = 3,        // PullRequest
-  kPullDone = 4,    // PullStats
-  kError = 5,       // the request failed: its Status
-  kCancel = 6,      // stop request `id`
-  kCancelDone = 7,  // no WRITE of request `id` can land any more
-  kCredit = 8,      // staged path: a slot the destination has emptied (Credit); no answer
-  kHello = 9,       // first contact: who are you (no body)
+  kStat = 1,          // destination -> source: StatRequest
+  kStatAnswer = 2,    // ObjectInfo (no extents)
+  kPull = 3,          // PullRequest
+  kPullDone = 4,      // PullStats
+  kError = 5,         // the request failed: its Status
+  kCancel = 6,        // stop request `id`
+  kCancelDone = 7,    // no WRITE of request `id` can land any more
+  kCredit = 8,        // staged path: a slot the destination has emptied (Credit); no answer
+  kHello = 9,         // first contact: who are you (no body)
   kHelloAnswer = 10,  // NodeSummary
-  kPullBatch = 11,  // several PullRequests, each answered on its own (PullBatch)
-  kQuery = 12,      // destination -> source: what of request `id` (body)? Answered with the
-                    // request's own answer when it has ended, kRunning while it runs, and
-                    // kUnknownRequest when the source never had it
+  kPullBatch = 11,    // several PullRequests, each answered on its own (PullBatch)
+  kQuery = 12,        // destination -> source: what of request `id` (body)? Answered with the
+                      // request's own answer when it has ended, kRunning while it runs, and
+                      // kUnknownRequest when the source never had it
   kRunning = 13,
   kUnknownRequest = 14,
 };

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "base/ids.h"
 #include "absl/status/statusor.h"
 #include "base/bytes.h"
+#include "base/ids.h"
 #include "ferry/types.h"
 #include "nlohmann/json_fwd.hpp"
 
@@ -18,10 +18,10 @@ namespace ferry {
 // What a peer needs to WRITE into a region: its owner, where it is, how long it is, and one
 // remote key per rail of the owner. Formats: docs/wire_format.md.
 struct RegionDescriptor {
-  std::string node;         // owner's node id
-  uint64_t addr = 0;        // virtual address in the owner's process
-  uint64_t length = 0;      // bytes
-  Device device;            // where the memory lives
+  std::string node;     // owner's node id
+  uint64_t addr = 0;    // virtual address in the owner's process
+  uint64_t length = 0;  // bytes
+  Device device;        // where the memory lives
   // True when the owner's provider did not grant FI_MR_VIRT_ADDR: a WRITE's remote address is
   // then an offset into the region rather than `addr + offset` (fi_mr(3)).
   bool offset_addressing = false;

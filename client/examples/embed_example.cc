@@ -11,8 +11,10 @@
 int main() {
   auto dir = std::filesystem::temp_directory_path() / "ferry-embed-example";
   std::filesystem::remove_all(dir);
-  ferry::EmbeddedNodeOptions a_opts{.data_dir = (dir / "a").string(), .domains = {"lo"}, .rails = 2};
-  ferry::EmbeddedNodeOptions b_opts{.data_dir = (dir / "b").string(), .domains = {"lo"}, .rails = 2};
+  ferry::EmbeddedNodeOptions a_opts{
+      .data_dir = (dir / "a").string(), .domains = {"lo"}, .rails = 2};
+  ferry::EmbeddedNodeOptions b_opts{
+      .data_dir = (dir / "b").string(), .domains = {"lo"}, .rails = 2};
   auto trainer = ferry::EmbeddedNode::Start(a_opts);
   auto replica = ferry::EmbeddedNode::Start(b_opts);
   if (!trainer.ok() || !replica.ok()) {
@@ -25,9 +27,10 @@ int main() {
   for (size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<char>(i * 31 + 7);
   auto region = (*trainer)->Register(weights.data(), weights.size());
   const uint64_t mib = 1 << 20;
-  auto published = (*trainer)->Publish(
-      "model/step-100", ferry::Layout({{*region, 3 * mib, mib}, {*region, 0, mib},
-                                       {*region, 2 * mib, mib}, {*region, mib, mib}}));
+  auto published = (*trainer)->Publish("model/step-100", ferry::Layout({{*region, 3 * mib, mib},
+                                                                        {*region, 0, mib},
+                                                                        {*region, 2 * mib, mib},
+                                                                        {*region, mib, mib}}));
   if (!published.ok()) {
     std::fprintf(stderr, "publish: %s\n", published.status().ToString().c_str());
     return 1;

@@ -14,8 +14,8 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
-#include "engine/engine.h"
 #include "base/status.h"
+#include "engine/engine.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -93,10 +93,10 @@ int RunSource(const Flags& f) {
   }
   if (stats.ok()) {
     reply.update({{"ok", true},
-             {"bytes", stats->bytes},
-             {"writes", stats->writes},
-             {"seconds", stats->seconds},
-             {"bytes_per_rail", stats->bytes_per_rail}});
+                  {"bytes", stats->bytes},
+                  {"writes", stats->writes},
+                  {"seconds", stats->seconds},
+                  {"bytes_per_rail", stats->bytes_per_rail}});
   } else {
     reply = {{"ok", false}, {"error", stats.status().ToString()}};
   }
@@ -129,20 +129,21 @@ int RunDestination(const Flags& f, const std::string& self) {
     return 1;
   }
   std::printf("destination %s: %zu rails (%s, domain %s), buffer of %lu bytes registered\n",
-              engine->node_id().c_str(), engine->rails().size(), engine->rails()[0].provider.c_str(),
-              engine->rails()[0].domain.c_str(), static_cast<unsigned long>(dst_size));
-  auto source = ferry::testing::Subprocess::Spawn(
-      {self, "--role", "source", "--provider", f.provider, "--domain", f.domain, "--rails",
-       std::to_string(f.rails)});
+              engine->node_id().c_str(), engine->rails().size(),
+              engine->rails()[0].provider.c_str(), engine->rails()[0].domain.c_str(),
+              static_cast<unsigned long>(dst_size));
+  auto source =
+      ferry::testing::Subprocess::Spawn({self, "--role", "source", "--provider", f.provider,
+                                         "--domain", f.domain, "--rails", std::to_string(f.rails)});
   if (!source.ok()) {
     std::cerr << source.status() << "\n";
     return 1;
   }
-  std::printf("source process %d started; asking it to pull %lu bytes in %zu pieces "
-              "(%lu B to %lu B) into %zu scattered extents\n",
-              (*source)->pid(), static_cast<unsigned long>(f.size), pieces.size(),
-              static_cast<unsigned long>(f.min_piece), static_cast<unsigned long>(f.max_piece),
-              dst.size());
+  std::printf(
+      "source process %d started; asking it to pull %lu bytes in %zu pieces "
+      "(%lu B to %lu B) into %zu scattered extents\n",
+      (*source)->pid(), static_cast<unsigned long>(f.size), pieces.size(),
+      static_cast<unsigned long>(f.min_piece), static_cast<unsigned long>(f.max_piece), dst.size());
   const absl::Time start = absl::Now();
   // WRITEs are coming until the source answers: keep polling the rails meanwhile.
   ferry::engine::AwakeToken awake = engine->KeepAwake();
@@ -156,19 +157,19 @@ int RunDestination(const Flags& f, const std::string& self) {
   const double wall = absl::ToDoubleSeconds(absl::Now() - start);
   awake = ferry::engine::AwakeToken();
   if (!reply.ok() || !(*reply)["ok"].get<bool>()) {
-    std::cerr << "pull failed: " << (reply.ok() ? (*reply)["error"].dump() : reply.status().ToString())
-              << "\n";
+    std::cerr << "pull failed: "
+              << (reply.ok() ? (*reply)["error"].dump() : reply.status().ToString()) << "\n";
     return 1;
   }
   int i = 0;
   for (const auto& run : (*reply)["runs"]) {
     const double secs = run.get<double>();
-    std::printf("pull %d: %lu bytes in %lu WRITEs over %zu rails in %.3f s: %.2f GB/s "
-                "(%.2f Gbit/s)\n",
-                ++i, static_cast<unsigned long>(f.size),
-                static_cast<unsigned long>((*reply)["writes"].get<uint64_t>()), f.rails, secs,
-                static_cast<double>(f.size) / secs / 1e9,
-                static_cast<double>(f.size) * 8 / secs / 1e9);
+    std::printf(
+        "pull %d: %lu bytes in %lu WRITEs over %zu rails in %.3f s: %.2f GB/s "
+        "(%.2f Gbit/s)\n",
+        ++i, static_cast<unsigned long>(f.size),
+        static_cast<unsigned long>((*reply)["writes"].get<uint64_t>()), f.rails, secs,
+        static_cast<double>(f.size) / secs / 1e9, static_cast<double>(f.size) * 8 / secs / 1e9);
   }
   std::printf("%.3f s from the request to the answer, source start-up included\n", wall);
   std::printf("bytes per rail: %s\n", (*reply)["bytes_per_rail"].dump().c_str());
@@ -177,9 +178,10 @@ int RunDestination(const Flags& f, const std::string& self) {
     std::printf("VERIFY FAILED: %s\n", err.c_str());
     return 1;
   }
-  std::printf("verified: every one of the %lu bytes is the right source byte, and no byte "
-              "outside the extents changed\n",
-              static_cast<unsigned long>(f.size));
+  std::printf(
+      "verified: every one of the %lu bytes is the right source byte, and no byte "
+      "outside the extents changed\n",
+      static_cast<unsigned long>(f.size));
   (*source)->Wait();
   engine.reset();
   std::free(buf);

@@ -27,10 +27,10 @@
 namespace {
 
 absl::StatusOr<ferry::testing::FerrydProcess> StartFerryd(const std::string& ferryd,
-                                                         const std::string& dir, size_t rails,
-                                                         std::vector<std::string> extra) {
-  std::vector<std::string> args = {"--data-dir", dir, "--provider", "tcp", "--domain", "lo",
-                                   "--rails", std::to_string(rails)};
+                                                          const std::string& dir, size_t rails,
+                                                          std::vector<std::string> extra) {
+  std::vector<std::string> args = {"--data-dir", dir,  "--provider", "tcp",
+                                   "--domain",   "lo", "--rails",    std::to_string(rails)};
   args.insert(args.end(), extra.begin(), extra.end());
   return ferry::testing::StartFerryd(ferryd, args);
 }
@@ -71,7 +71,9 @@ class CompareBuf : public std::streambuf {
   bool ok_ = true;
 };
 
-double Gbps(uint64_t bytes, double s) { return s > 0 ? static_cast<double>(bytes) * 8 / s / 1e9 : 0; }
+double Gbps(uint64_t bytes, double s) {
+  return s > 0 ? static_cast<double>(bytes) * 8 / s / 1e9 : 0;
+}
 
 // Reads `name` back from the node over REST, checking every byte against `want` as it comes;
 // the seconds it took. kDataLoss: a byte differs.
@@ -117,10 +119,11 @@ bool Listed(const std::vector<ferry::ClusterNode>& nodes, const std::string& id)
 }
 
 void PrintPull(const char* who, const char* how, const ferry::PullStats& p, double wall) {
-  std::printf("%s: %s over %s, %zu rails: %llu bytes in %.3f s on the wire = %.2f Gbit/s; %.3f s for the whole HTTP request (%.2f Gbit/s)\n",
-              who, how, p.path.c_str(), p.bytes_per_rail.size(),
-              static_cast<unsigned long long>(p.bytes), p.seconds, Gbps(p.bytes, p.seconds), wall,
-              Gbps(p.bytes, wall));
+  std::printf(
+      "%s: %s over %s, %zu rails: %llu bytes in %.3f s on the wire = %.2f Gbit/s; %.3f s for the "
+      "whole HTTP request (%.2f Gbit/s)\n",
+      who, how, p.path.c_str(), p.bytes_per_rail.size(), static_cast<unsigned long long>(p.bytes),
+      p.seconds, Gbps(p.bytes, p.seconds), wall, Gbps(p.bytes, wall));
 }
 
 }  // namespace
@@ -129,9 +132,12 @@ int main(int argc, char** argv) {
   uint64_t size = 256 << 20, piece = 64 << 10;
   size_t rails = 4;
   std::string ferryd;
-  CLI::App app{"ferry demo: four ferryd on loopback with a directory; a non-contiguous object pulled from A, then by name"};
+  CLI::App app{
+      "ferry demo: four ferryd on loopback with a directory; a non-contiguous object pulled from "
+      "A, then by name"};
   app.add_option("--size", size, "object bytes")->capture_default_str();
-  app.add_option("--piece", piece, "bytes per extent of the object's layout")->capture_default_str();
+  app.add_option("--piece", piece, "bytes per extent of the object's layout")
+      ->capture_default_str();
   app.add_option("--rails", rails, "rails per node")->capture_default_str();
   app.add_option("--ferryd", ferryd, "path of ferryd (default: next to this program)");
   CLI11_PARSE(app, argc, argv);
@@ -141,9 +147,11 @@ int main(int argc, char** argv) {
   }
   if (ferryd.empty()) {
     ferryd = (std::filesystem::canonical("/proc/self/exe").parent_path().parent_path() / "server" /
-              "ferryd").string();
+              "ferryd")
+                 .string();
   }
-  const auto dir = std::filesystem::temp_directory_path() / ("ferry-demo-" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("ferry-demo-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   // D keeps the directory; A, B and C join it with a 2 s lease, so that a node that dies leaves
   // it within 2 s.
@@ -161,10 +169,11 @@ int main(int argc, char** argv) {
                  b.status().ToString().c_str(), c.status().ToString().c_str());
     return 1;
   }
-  std::printf("node A %s at %s, node B %s at %s, node C %s at %s, node D %s at %s keeping the "
-              "directory (%zu tcp rails each, RocksDB catalogs in %s)\n",
-              a->id.c_str(), a->url.c_str(), b->id.c_str(), b->url.c_str(), c->id.c_str(),
-              c->url.c_str(), d->id.c_str(), d->url.c_str(), rails, dir.c_str());
+  std::printf(
+      "node A %s at %s, node B %s at %s, node C %s at %s, node D %s at %s keeping the "
+      "directory (%zu tcp rails each, RocksDB catalogs in %s)\n",
+      a->id.c_str(), a->url.c_str(), b->id.c_str(), b->url.c_str(), c->id.c_str(), c->url.c_str(),
+      d->id.c_str(), d->url.c_str(), rails, dir.c_str());
   auto ca = ferry::Client::Connect(a->url);
   auto cb = ferry::Client::Connect(b->url);
   auto cc = ferry::Client::Connect(c->url);
@@ -181,16 +190,25 @@ int main(int argc, char** argv) {
     }
     absl::Time t = absl::Now();
     auto base = (*ca)->Put("demo/base", bytes);
-    if (!base.ok()) { std::fprintf(stderr, "put: %s\n", base.status().ToString().c_str()); break; }
+    if (!base.ok()) {
+      std::fprintf(stderr, "put: %s\n", base.status().ToString().c_str());
+      break;
+    }
     const double put_s = absl::ToDoubleSeconds(absl::Now() - t);
     std::vector<ferry::Extent> layout;
-    for (uint64_t off = 0; off < size; off += piece) layout.push_back({base->extents[0].region, off, piece});
+    for (uint64_t off = 0; off < size; off += piece)
+      layout.push_back({base->extents[0].region, off, piece});
     std::shuffle(layout.begin(), layout.end(), rng);
     auto obj = (*ca)->Publish("demo/kv-pages", layout);
-    if (!obj.ok()) { std::fprintf(stderr, "publish: %s\n", obj.status().ToString().c_str()); break; }
-    std::printf("A: uploaded %llu bytes over REST in %.2f s; published demo/kv-pages: %zu extents of %llu bytes in shuffled order\n",
-                static_cast<unsigned long long>(size), put_s, layout.size(),
-                static_cast<unsigned long long>(piece));
+    if (!obj.ok()) {
+      std::fprintf(stderr, "publish: %s\n", obj.status().ToString().c_str());
+      break;
+    }
+    std::printf(
+        "A: uploaded %llu bytes over REST in %.2f s; published demo/kv-pages: %zu extents of %llu "
+        "bytes in shuffled order\n",
+        static_cast<unsigned long long>(size), put_s, layout.size(),
+        static_cast<unsigned long long>(piece));
     std::string want;
     want.reserve(size);
     for (const ferry::Extent& e : layout) want.append(bytes, e.offset, e.length);
@@ -209,9 +227,13 @@ int main(int argc, char** argv) {
     }
     if (!pulled_ok) break;
     auto read = ReadBack(**cb, "demo/kv-pages", want);
-    if (!read.ok()) { std::printf("B: VERIFY FAILED: %s\n", read.status().ToString().c_str()); break; }
-    std::printf("B: read back %zu bytes over REST in %.2f s; verified: every byte matches A's layout\n",
-                want.size(), *read);
+    if (!read.ok()) {
+      std::printf("B: VERIFY FAILED: %s\n", read.status().ToString().c_str());
+      break;
+    }
+    std::printf(
+        "B: read back %zu bytes over REST in %.2f s; verified: every byte matches A's layout\n",
+        want.size(), *read);
 
     // The cluster: C pulls by name (A and B hold it); A dies; D pulls by name from a replica.
     if (!AwaitCluster(**cd, absl::Seconds(10), [&](const auto& nodes) {
@@ -224,11 +246,19 @@ int main(int argc, char** argv) {
     t = absl::Now();
     auto by_name = (*cc)->Pull("demo/kv-pages", "", "", false);
     double wall = absl::ToDoubleSeconds(absl::Now() - t);
-    if (!by_name.ok()) { std::fprintf(stderr, "pull by name: %s\n", by_name.status().ToString().c_str()); break; }
-    const std::string from_c = by_name->source == a->url ? "A" : by_name->source == b->url ? "B" : by_name->source;
+    if (!by_name.ok()) {
+      std::fprintf(stderr, "pull by name: %s\n", by_name.status().ToString().c_str());
+      break;
+    }
+    const std::string from_c = by_name->source == a->url   ? "A"
+                               : by_name->source == b->url ? "B"
+                                                           : by_name->source;
     PrintPull("C", ("pull by name, from " + from_c).c_str(), *by_name, wall);
     read = ReadBack(**cc, "demo/kv-pages", want);
-    if (!read.ok()) { std::printf("C: VERIFY FAILED: %s\n", read.status().ToString().c_str()); break; }
+    if (!read.ok()) {
+      std::printf("C: VERIFY FAILED: %s\n", read.status().ToString().c_str());
+      break;
+    }
     std::printf("C: verified every byte\n");
 
     a->proc->Kill(SIGKILL);
@@ -239,24 +269,33 @@ int main(int argc, char** argv) {
     t = absl::Now();
     by_name = (*cd)->Pull("demo/kv-pages", "", "", false);
     wall = absl::ToDoubleSeconds(absl::Now() - t);
-    if (!by_name.ok()) { std::fprintf(stderr, "pull by name: %s\n", by_name.status().ToString().c_str()); break; }
-    const std::string from_d = by_name->source == b->url ? "B" : by_name->source == c->url ? "C" : by_name->source;
-    PrintPull("D", ("pull by name, from replica " + from_d).c_str(), *by_name, wall);
-    for (const std::string& tried : by_name->tried) std::printf("D: tried first: %s\n", tried.c_str());
-    read = ReadBack(**cd, "demo/kv-pages", want);
-    if (!read.ok()) { std::printf("D: VERIFY FAILED: %s\n", read.status().ToString().c_str()); break; }
-    std::printf("D: verified every byte\n");
-    if (!AwaitCluster(**cd, absl::Seconds(10),
-                      [&](const auto& nodes) {
-                        return !Listed(nodes, a->id) && Holds(nodes, b->id, "demo/kv-pages") &&
-                               Holds(nodes, c->id, "demo/kv-pages") &&
-                               Holds(nodes, d->id, "demo/kv-pages");
-                      })) {
-      std::fprintf(stderr, "the directory does not show A gone and B, C, D holding 10 s after A died\n");
+    if (!by_name.ok()) {
+      std::fprintf(stderr, "pull by name: %s\n", by_name.status().ToString().c_str());
       break;
     }
-    std::printf("directory: A gone %.1f s after it died (lease 2 s); B, C and D hold demo/kv-pages\n",
-                absl::ToDoubleSeconds(absl::Now() - killed));
+    const std::string from_d = by_name->source == b->url   ? "B"
+                               : by_name->source == c->url ? "C"
+                                                           : by_name->source;
+    PrintPull("D", ("pull by name, from replica " + from_d).c_str(), *by_name, wall);
+    for (const std::string& tried : by_name->tried)
+      std::printf("D: tried first: %s\n", tried.c_str());
+    read = ReadBack(**cd, "demo/kv-pages", want);
+    if (!read.ok()) {
+      std::printf("D: VERIFY FAILED: %s\n", read.status().ToString().c_str());
+      break;
+    }
+    std::printf("D: verified every byte\n");
+    if (!AwaitCluster(**cd, absl::Seconds(10), [&](const auto& nodes) {
+          return !Listed(nodes, a->id) && Holds(nodes, b->id, "demo/kv-pages") &&
+                 Holds(nodes, c->id, "demo/kv-pages") && Holds(nodes, d->id, "demo/kv-pages");
+        })) {
+      std::fprintf(stderr,
+                   "the directory does not show A gone and B, C, D holding 10 s after A died\n");
+      break;
+    }
+    std::printf(
+        "directory: A gone %.1f s after it died (lease 2 s); B, C and D hold demo/kv-pages\n",
+        absl::ToDoubleSeconds(absl::Now() - killed));
     rc = 0;
   } while (false);
   const int sa = a_alive ? a->Stop() : 0, sb = b->Stop(), sc = c->Stop(), sd = d->Stop();

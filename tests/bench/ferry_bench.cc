@@ -15,19 +15,19 @@
 #include <string>
 #include <vector>
 
-#include "base/hex.h"
 #include "CLI/CLI.hpp"
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/hex.h"
+#include "base/status.h"
 #include "engine/engine.h"
 #include "engine/fabric.h"
-#include "base/status.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
+#include "tests/bench/gpu_bench.h"
 #include "tests/bench/node_bench.h"
 #include "tests/bench/rails_bench.h"
-#include "tests/bench/gpu_bench.h"
 #include "tests/bench/raw_fabric.h"
 #include "tests/bench/stats.h"
 #include "tests/testing/engine_peer.h"
@@ -72,9 +72,9 @@ std::vector<engine::PlannedWrite> Layout(const std::string& layout, uint64_t pie
   std::vector<engine::PlannedWrite> writes;
   const uint64_t count = total / piece;
   std::mt19937_64 rng(piece);
-  std::vector<Extent> dst =
-      layout == "scattered" ? testing::ScatteredLayout(rng, count, piece, 2 * piece)
-                            : std::vector<Extent>{};
+  std::vector<Extent> dst = layout == "scattered"
+                                ? testing::ScatteredLayout(rng, count, piece, 2 * piece)
+                                : std::vector<Extent>{};
   for (uint64_t i = 0; i < count; ++i) {
     writes.push_back({0, i * piece, 0, layout == "scattered" ? dst[i].offset : i * piece, piece});
   }
@@ -102,9 +102,8 @@ class RawSession {
                                                            uint64_t dst_size, char* src) {
     std::unique_ptr<RawSession> s(new RawSession());
     ASSIGN_OR_RETURN(nlohmann::json hello,
-                     SpawnHello(&s->peer_, {self, "raw-peer", "--provider", f.provider,
-                                            "--domain", f.domain, "--size",
-                                            std::to_string(dst_size)}));
+                     SpawnHello(&s->peer_, {self, "raw-peer", "--provider", f.provider, "--domain",
+                                            f.domain, "--size", std::to_string(dst_size)}));
     // The raw target, spawned above, runs libfabric's own provider parameters. This process
     // hosts the engine's source end too, and libfabric reads them once: set ferry's now.
     engine::SetProviderDefaults();
@@ -169,8 +168,7 @@ class EngineSession {
     ASSIGN_OR_RETURN(PeerAddress address, testing::AddressFromJson(hello["address"]));
     ASSIGN_OR_RETURN(engine::PeerId peer,
                      s->engine_->AddPeer(address, absl::Now() + absl::Seconds(30)));
-    ASSIGN_OR_RETURN(RegionDescriptor dst,
-                     RegionDescriptorFromJson(hello["region"]));
+    ASSIGN_OR_RETURN(RegionDescriptor dst, RegionDescriptorFromJson(hello["region"]));
     for (const auto& writes : transfers) {
       engine::TransferRequest& req = s->reqs_.emplace_back();
       req.peer = peer;
@@ -216,7 +214,7 @@ struct Row {
   std::string layout;
   uint64_t piece = 0;
   size_t rails = 0;
-  size_t writes = 0;         // pieces: the raw loop's WRITEs
+  size_t writes = 0;           // pieces: the raw loop's WRITEs
   uint64_t engine_writes = 0;  // the engine's (merged, cut and gathered)
   size_t threads = 0;          // the engine's progress threads
   double seconds = 0, raw_seconds = 0;
@@ -256,7 +254,7 @@ absl::StatusOr<Row> Measure(const EngineFlags& f, RawSession* raw, testing::Subp
   const auto writes = Layout(layout, piece, f.total);
   ASSIGN_OR_RETURN(auto eng, EngineSession::Start(f, hello, rails, {writes}, src));
   ASSIGN_OR_RETURN(auto times, Alternate(f.iters, {[&] { return raw->Run(writes); },
-                                                    [&] { return eng->Run(peer); }}));
+                                                   [&] { return eng->Run(peer); }}));
   if (f.verify) {
     ASSIGN_OR_RETURN(auto reply, peer.Call({{"cmd", "verify"},
                                             {"seed", kSeed},
@@ -345,24 +343,24 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
     return 1;
   }
   if (!f.json) {
-    std::printf("# ferry-bench engine: provider %s, domain %s, %d iterations (median), "
-                "raw baseline = one endpoint, fi_write loop, window %zu, run alternately with the "
-                "engine; ratio = median of paired raw/engine times, p25-p75 their quartiles; "
-                "engine CQs %s wait fds; progress threads per engine: one per rail, at most %zu\n",
-                f.provider.c_str(), f.domain.c_str(), f.iters, f.window,
-                f.wait_fds ? "with" : "without",
-                f.threads == 0 ? engine::AutoProgressThreads(SIZE_MAX) : f.threads);
-    std::printf("%-10s %5s %9s %5s %11s %9s %9s %10s %10s %9s %6s %9s %7s\n", "layout",
-                "rails", "bytes", "iters", "total", "time", "MB/sec", "usec/xfer", "Mxfers/sec",
-                "raw MB/s", "ratio", "p25-p75", "WRITEs");
+    std::printf(
+        "# ferry-bench engine: provider %s, domain %s, %d iterations (median), "
+        "raw baseline = one endpoint, fi_write loop, window %zu, run alternately with the "
+        "engine; ratio = median of paired raw/engine times, p25-p75 their quartiles; "
+        "engine CQs %s wait fds; progress threads per engine: one per rail, at most %zu\n",
+        f.provider.c_str(), f.domain.c_str(), f.iters, f.window, f.wait_fds ? "with" : "without",
+        f.threads == 0 ? engine::AutoProgressThreads(SIZE_MAX) : f.threads);
+    std::printf("%-10s %5s %9s %5s %11s %9s %9s %10s %10s %9s %6s %9s %7s\n", "layout", "rails",
+                "bytes", "iters", "total", "time", "MB/sec", "usec/xfer", "Mxfers/sec", "raw MB/s",
+                "ratio", "p25-p75", "WRITEs");
   }
   for (uint64_t rails : f.rails) {
     auto peer = std::make_unique<std::unique_ptr<testing::Subprocess>>();
-    auto hello = SpawnHello(peer.get(), {self, "engine-peer", "--provider", f.provider, "--domain",
-                                    f.domain, "--rails", std::to_string(rails), "--size",
-                                    std::to_string(dst_size), "--progress-threads",
-                                    std::to_string(f.threads), "--wait-fds",
-                                    f.wait_fds ? "1" : "0"});
+    auto hello =
+        SpawnHello(peer.get(),
+                   {self, "engine-peer", "--provider", f.provider, "--domain", f.domain, "--rails",
+                    std::to_string(rails), "--size", std::to_string(dst_size), "--progress-threads",
+                    std::to_string(f.threads), "--wait-fds", f.wait_fds ? "1" : "0"});
     if (!hello.ok()) {
       std::cerr << hello.status() << "\n";
       return 1;
@@ -402,12 +400,13 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
                            .dump()
                     << std::endl;
         } else {
-          std::printf("%-10s %5zu %9lu %5d %11.0f %9.4f %9.1f %10.2f %10.4f %9.1f %6.2f "
-                      "%4.2f-%4.2f %7lu\n",
-                      layout.c_str(), static_cast<size_t>(rails), static_cast<unsigned long>(piece),
-                      f.iters, bytes, row.seconds, mbps, row.seconds * 1e6 / xfers,
-                      xfers / row.seconds / 1e6, raw_mbps, row.ratio.median, row.ratio.p25,
-                      row.ratio.p75, static_cast<unsigned long>(row.engine_writes));
+          std::printf(
+              "%-10s %5zu %9lu %5d %11.0f %9.4f %9.1f %10.2f %10.4f %9.1f %6.2f "
+              "%4.2f-%4.2f %7lu\n",
+              layout.c_str(), static_cast<size_t>(rails), static_cast<unsigned long>(piece),
+              f.iters, bytes, row.seconds, mbps, row.seconds * 1e6 / xfers,
+              xfers / row.seconds / 1e6, raw_mbps, row.ratio.median, row.ratio.p25, row.ratio.p75,
+              static_cast<unsigned long>(row.engine_writes));
           std::fflush(stdout);
         }
         rows.push_back(row);
@@ -467,10 +466,11 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
                          .dump()
                   << std::endl;
       } else {
-        std::printf("# rails %lu, %lu-byte scattered pieces: time with the rail counters / "
-                    "without = %.3f (median of %d paired passes; p25-p75 %.3f-%.3f)\n",
-                    static_cast<unsigned long>(rails), static_cast<unsigned long>(piece),
-                    cost->median, f.iters, cost->p25, cost->p75);
+        std::printf(
+            "# rails %lu, %lu-byte scattered pieces: time with the rail counters / "
+            "without = %.3f (median of %d paired passes; p25-p75 %.3f-%.3f)\n",
+            static_cast<unsigned long>(rails), static_cast<unsigned long>(piece), cost->median,
+            f.iters, cost->p25, cost->p75);
         std::fflush(stdout);
       }
     }
@@ -478,14 +478,15 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
     (*peer)->Wait();
   }
   for (const auto& [rails, share] : shares) {
-    std::printf("# rails %lu: 64 KiB scattered = %.1f%% of 4 MiB contiguous (median of %d paired "
-                "passes; p25-p75 %.1f-%.1f%%); raw loop, %lu KiB WRITEs = %.1f%% of %lu KiB "
-                "WRITEs (p25-p75 %.1f-%.1f%%)\n",
-                static_cast<unsigned long>(rails), 100.0 * share.engine.median, f.iters,
-                100.0 * share.engine.p25, 100.0 * share.engine.p75,
-                static_cast<unsigned long>(share.scattered_write >> 10), 100.0 * share.raw.median,
-                static_cast<unsigned long>(share.contiguous_write >> 10), 100.0 * share.raw.p25,
-                100.0 * share.raw.p75);
+    std::printf(
+        "# rails %lu: 64 KiB scattered = %.1f%% of 4 MiB contiguous (median of %d paired "
+        "passes; p25-p75 %.1f-%.1f%%); raw loop, %lu KiB WRITEs = %.1f%% of %lu KiB "
+        "WRITEs (p25-p75 %.1f-%.1f%%)\n",
+        static_cast<unsigned long>(rails), 100.0 * share.engine.median, f.iters,
+        100.0 * share.engine.p25, 100.0 * share.engine.p75,
+        static_cast<unsigned long>(share.scattered_write >> 10), 100.0 * share.raw.median,
+        static_cast<unsigned long>(share.contiguous_write >> 10), 100.0 * share.raw.p25,
+        100.0 * share.raw.p75);
   }
   std::free(src);
   return 0;
@@ -535,13 +536,15 @@ int main(int argc, char** argv) {
   raw->add_option("--size", raw_size);
   ferry::bench::NodeFlags nf;
   nf.ferryd = FERRYD_PATH;
-  CLI::App* node = app.add_subcommand("node", "pulls over HTTP, the client and an embedded node vs the engine; catalog");
+  CLI::App* node = app.add_subcommand(
+      "node", "pulls over HTTP, the client and an embedded node vs the engine; catalog");
   node->add_option("--rails", nf.rails, "rails per node");
   node->add_option("--sizes", nf.sizes, "object sizes, comma-separated")->delimiter(',');
   node->add_option("--iters", nf.iters, "timed pulls per size (median)");
   node->add_option("--latency-iters", nf.latency_iters, "pulls and lookups for percentiles");
   node->add_option("--objects", nf.objects, "objects in the catalog");
-  node->add_option("--max-extents", nf.max_extents, "pieces of 64 KiB in the largest many-piece pull");
+  node->add_option("--max-extents", nf.max_extents,
+                   "pieces of 64 KiB in the largest many-piece pull");
   node->add_option("--ferryd", nf.ferryd, "ferryd to start");
   node->add_flag("--json", nf.json, "one JSON object per row");
   node->add_flag("--metrics-cost", nf.metrics_cost,
@@ -562,7 +565,8 @@ int main(int argc, char** argv) {
 #ifdef FERRY_BENCH_GPU
   ferry::bench::GpuFlags gf;
   gf.ferryd = FERRYD_PATH;
-  CLI::App* gpu = app.add_subcommand("gpu", "GPU object pulls between two ferryd vs cudaMemcpyPeer");
+  CLI::App* gpu =
+      app.add_subcommand("gpu", "GPU object pulls between two ferryd vs cudaMemcpyPeer");
   gpu->add_option("--provider", gf.provider, "tcp (on lo) or shm, for the staged and rdma paths");
   gpu->add_option("--rails", gf.rails, "rails per node for the staged and rdma paths");
   gpu->add_option("--size", gf.size, "object bytes");
@@ -607,7 +611,8 @@ int main(int argc, char** argv) {
   if (*node) {
     if (nf.iters < 1 || nf.latency_iters < 1 || nf.objects == 0 || nf.rails == 0 ||
         nf.max_extents == 0) {
-      std::cerr << "--iters, --latency-iters, --objects, --rails and --max-extents must be positive\n";
+      std::cerr
+          << "--iters, --latency-iters, --objects, --rails and --max-extents must be positive\n";
       return 2;
     }
     return ferry::bench::RunNodeBench(nf);

@@ -71,7 +71,8 @@ std::optional<Baselines> MeasureBaselines(int src, int dst, uint64_t size, int i
     cudaDeviceSynchronize();
   });
   out.d2h = TimeIt(iters, [&] { cudaMemcpy(h, a, size, cudaMemcpyDeviceToHost); });
-  if (!engine::CudaEnablePeerAccess(dst, src).ok() || !engine::CudaEnablePeerAccess(src, dst).ok()) {
+  if (!engine::CudaEnablePeerAccess(dst, src).ok() ||
+      !engine::CudaEnablePeerAccess(src, dst).ok()) {
     return std::nullopt;
   }
   for (uint64_t count : piece_counts) {
@@ -117,8 +118,8 @@ std::optional<Baselines> MeasureBaselines(int src, int dst, uint64_t size, int i
 }
 
 uint64_t NewRegion(httplib::Client& c, const std::string& device, uint64_t size) {
-  auto r = c.Post("/v1/regions", json{{"device", device}, {"size", size}}.dump(),
-                  "application/json");
+  auto r =
+      c.Post("/v1/regions", json{{"device", device}, {"size", size}}.dump(), "application/json");
   if (!r || r->status != 201) {
     std::cerr << "region on " << device << ": " << (r ? r->body : "no answer") << "\n";
     return 0;
@@ -153,12 +154,13 @@ int RunGpuBench(const GpuFlags& f) {
   auto base = MeasureBaselines(src, dst, f.size, f.iters, f.pieces);
   if (!base) return 1;
 
-  const auto dir = std::filesystem::temp_directory_path() / ("ferry-bench-gpu-" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("ferry-bench-gpu-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   testing::FerrydProcess a, b;  // stopped (SIGTERM) when they go
   for (auto [d, name] : {std::pair<testing::FerrydProcess*, const char*>{&a, "a"}, {&b, "b"}}) {
-    std::vector<std::string> args = {"--data-dir", (dir / name).string(), "--provider", f.provider,
-                                     "--rails", std::to_string(f.rails)};
+    std::vector<std::string> args = {"--data-dir", (dir / name).string(),  "--provider", f.provider,
+                                     "--rails",    std::to_string(f.rails)};
     if (f.provider == "tcp") args.insert(args.end(), {"--domain", "lo"});
     args.insert(args.end(), f.ferryd_args.begin(), f.ferryd_args.end());
     auto p = testing::StartFerryd(f.ferryd, args);
@@ -180,26 +182,44 @@ int RunGpuBench(const GpuFlags& f) {
       std::fflush(stdout);
     }
   };
-  row({{"bench", "gpu_baseline"}, {"what", "cudaMemcpyPeer"}, {"src", src_dev}, {"dst", dst_dev},
-       {"bytes", f.size}, {"gb_per_sec", gb / base->peer}},
+  row({{"bench", "gpu_baseline"},
+       {"what", "cudaMemcpyPeer"},
+       {"src", src_dev},
+       {"dst", dst_dev},
+       {"bytes", f.size},
+       {"gb_per_sec", gb / base->peer}},
       absl::StrCat("cudaMemcpyPeer ", src_dev, " -> ", dst_dev, ": ", gb / base->peer, " GB/s"));
-  row({{"bench", "gpu_baseline"}, {"what", "d2h_pinned"}, {"src", src_dev}, {"bytes", f.size},
+  row({{"bench", "gpu_baseline"},
+       {"what", "d2h_pinned"},
+       {"src", src_dev},
+       {"bytes", f.size},
        {"gb_per_sec", gb / base->d2h}},
       absl::StrCat("cudaMemcpy ", src_dev, " -> pinned host: ", gb / base->d2h, " GB/s"));
 
   for (size_t i = 0; i < f.pieces.size(); ++i) {
     const uint64_t n = f.pieces[i];
-    row({{"bench", "gpu_baseline"}, {"what", "batched_copy"}, {"pieces", n},
-         {"piece_bytes", f.size / n}, {"bytes", f.size}, {"gb_per_sec", gb / base->pieces[i]}},
+    row({{"bench", "gpu_baseline"},
+         {"what", "batched_copy"},
+         {"pieces", n},
+         {"piece_bytes", f.size / n},
+         {"bytes", f.size},
+         {"gb_per_sec", gb / base->pieces[i]}},
         absl::StrCat("CudaCopyPieces alone, ", n, " x ", f.size / n, " B shuffled, ", src_dev,
                      " -> ", dst_dev, ": ", gb / base->pieces[i], " GB/s"));
-    row({{"bench", "gpu_baseline"}, {"what", "batched_copy_relayed"}, {"pieces", n},
-         {"piece_bytes", f.size / n}, {"bytes", f.size}, {"gb_per_sec", gb / base->relayed[i]}},
+    row({{"bench", "gpu_baseline"},
+         {"what", "batched_copy_relayed"},
+         {"pieces", n},
+         {"piece_bytes", f.size / n},
+         {"bytes", f.size},
+         {"gb_per_sec", gb / base->relayed[i]}},
         absl::StrCat("CudaCopyPieces alone, relayed through the copy engines, ", n, " x ",
                      f.size / n, " B shuffled, ", src_dev, " -> ", dst_dev, ": ",
                      gb / base->relayed[i], " GB/s"));
-    row({{"bench", "gpu_baseline"}, {"what", "memcpy_peer_per_piece"}, {"pieces", n},
-         {"piece_bytes", f.size / n}, {"bytes", f.size},
+    row({{"bench", "gpu_baseline"},
+         {"what", "memcpy_peer_per_piece"},
+         {"pieces", n},
+         {"piece_bytes", f.size / n},
+         {"bytes", f.size},
          {"gb_per_sec", gb / base->peer_per_piece[i]}},
         absl::StrCat("cudaMemcpyPeerAsync per piece, ", n, " x ", f.size / n, " B shuffled, ",
                      src_dev, " -> ", dst_dev, ": ", gb / base->peer_per_piece[i], " GB/s"));
@@ -231,8 +251,8 @@ int RunGpuBench(const GpuFlags& f) {
   };
   // Where the rails carry GPU memory (FI_HMEM), the rdma path gets rows of its own.
   auto node = cb.Get("/v1/node");
-  const bool hmem = node && node->status == 200 &&
-                    json::parse(node->body)["rails"][0].value("hmem_cuda", false);
+  const bool hmem =
+      node && node->status == 200 && json::parse(node->body)["rails"][0].value("hmem_cuda", false);
   std::vector<Layout> layouts;
   for (const char* path : {"auto", "rdma", "staged"}) {
     if (std::string(path) == "staged" && !f.staged) continue;
@@ -319,8 +339,8 @@ int RunGpuBench(const GpuFlags& f) {
          {"vs_d2h", base->d2h / Median(wall)},
          {"bytes_match", match}},
         absl::StrCat(l.name, " ", l.pieces, " x ", f.size / l.pieces, " B via ", path, ": ", w,
-                     " GB/s end to end (", c, " GB/s copy), ", vs_peer,
-                     "x cudaMemcpyPeer, bytes ", match ? "match" : "DIFFER"));
+                     " GB/s end to end (", c, " GB/s copy), ", vs_peer, "x cudaMemcpyPeer, bytes ",
+                     match ? "match" : "DIFFER"));
   }
   std::filesystem::remove_all(dir);
   return mismatches ? 1 : 0;

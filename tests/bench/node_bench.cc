@@ -39,9 +39,9 @@ using json = nlohmann::json;
 
 bool Start(testing::FerrydProcess& d, const NodeFlags& f, const std::string& dir,
            bool metrics = true) {
-  auto p = testing::StartFerryd(f.ferryd, {"--data-dir", dir, "--domain", "lo", "--rails",
-                                           std::to_string(f.rails), "--metrics",
-                                           metrics ? "true" : "false"});
+  auto p = testing::StartFerryd(
+      f.ferryd, {"--data-dir", dir, "--domain", "lo", "--rails", std::to_string(f.rails),
+                 "--metrics", metrics ? "true" : "false"});
   if (!p.ok()) {
     std::cerr << p.status() << "\n";
     return false;
@@ -82,9 +82,9 @@ absl::StatusOr<PullTimes> TimePulls(const PullOnce& pull, int warmup, int iters,
 
 // The three ways a program asks node B (or itself) to pull from node A.
 struct Ways {
-  httplib::Client* http;    // POST /v1/pulls to ferryd B, a kept connection
-  Client* client;           // ferry::Client on ferryd B
-  EmbeddedNode* embedded;   // pulls into its own memory
+  httplib::Client* http;   // POST /v1/pulls to ferryd B, a kept connection
+  Client* client;          // ferry::Client on ferryd B
+  EmbeddedNode* embedded;  // pulls into its own memory
 };
 constexpr const char* kVias[] = {"http", "client", "embedded"};
 
@@ -134,7 +134,8 @@ int Fail(const absl::Status& s) {
 
 // What counting for /metrics costs a pull: ferryd pairs with and without (--metrics), their
 // 4 KiB pulls (POST /v1/pulls, a kept connection) in alternated rounds, and 64 MiB pulls
-// alternated (each pair first in every other round); p50 and median times, and their ratio (counting / not counting).
+// alternated (each pair first in every other round); p50 and median times, and their ratio
+// (counting / not counting).
 int MetricsCost(const NodeFlags& f, const std::filesystem::path& dir) {
   struct Pair {
     testing::FerrydProcess a, b;
@@ -162,11 +163,12 @@ int MetricsCost(const NodeFlags& f, const std::filesystem::path& dir) {
       return Fail(a_region.ok() ? b_region.status() : a_region.status());
     }
     p.b_region = *b_region;
-    for (auto [object, size] : {std::pair<const char*, uint64_t>{"small", 4096}, {"large", kLarge}}) {
-      auto r = p.ha->Put(absl::StrCat("/v1/objects/", object).c_str(),
-                         json{{"extents", {{{"region", *a_region}, {"offset", 0}, {"length", size}}}}}
-                             .dump(),
-                         "application/json");
+    for (auto [object, size] :
+         {std::pair<const char*, uint64_t>{"small", 4096}, {"large", kLarge}}) {
+      auto r = p.ha->Put(
+          absl::StrCat("/v1/objects/", object).c_str(),
+          json{{"extents", {{{"region", *a_region}, {"offset", 0}, {"length", size}}}}}.dump(),
+          "application/json");
       if (!r || r->status != 201) return Fail(absl::UnavailableError("publish failed"));
     }
   }
@@ -201,17 +203,26 @@ int MetricsCost(const NodeFlags& f, const std::filesystem::path& dir) {
       if (i >= 0) p.large.push_back(*s);
     }
   }
-  const double on4 = Percentile(pairs[0].small, 0.5) * 1e6, off4 = Percentile(pairs[1].small, 0.5) * 1e6;
+  const double on4 = Percentile(pairs[0].small, 0.5) * 1e6,
+               off4 = Percentile(pairs[1].small, 0.5) * 1e6;
   const double on64 = Median(pairs[0].large), off64 = Median(pairs[1].large);
   Row(f,
-      {{"bench", "node_metrics_cost"}, {"bytes", 4096}, {"iters", per_round * kRounds},
-       {"p50_us_on", on4}, {"p50_us_off", off4}, {"ratio", on4 / off4}},
+      {{"bench", "node_metrics_cost"},
+       {"bytes", 4096},
+       {"iters", per_round * kRounds},
+       {"p50_us_on", on4},
+       {"p50_us_off", off4},
+       {"ratio", on4 / off4}},
       absl::StrFormat("4 KiB pulls, %d each, alternated in %d rounds: p50 %.1f us counting, "
                       "%.1f us not; ratio %.3f",
                       per_round * kRounds, kRounds, on4, off4, on4 / off4));
   Row(f,
-      {{"bench", "node_metrics_cost"}, {"bytes", kLarge}, {"iters", f.iters},
-       {"seconds_on", on64}, {"seconds_off", off64}, {"ratio", on64 / off64}},
+      {{"bench", "node_metrics_cost"},
+       {"bytes", kLarge},
+       {"iters", f.iters},
+       {"seconds_on", on64},
+       {"seconds_off", off64},
+       {"ratio", on64 / off64}},
       absl::StrFormat("64 MiB pulls, %d each, alternated: median %.1f MB/s counting, %.1f MB/s "
                       "not; time ratio %.3f",
                       f.iters, kLarge / on64 / 1e6, kLarge / off64 / 1e6, on64 / off64));
@@ -221,7 +232,8 @@ int MetricsCost(const NodeFlags& f, const std::filesystem::path& dir) {
 }  // namespace
 
 int RunNodeBench(const NodeFlags& f) {
-  const auto dir = std::filesystem::temp_directory_path() / ("ferry-bench-node-" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("ferry-bench-node-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   if (f.metrics_cost) {
     const int rc = MetricsCost(f, dir);
@@ -250,8 +262,10 @@ int RunNodeBench(const NodeFlags& f) {
   if (!e.ok()) return Fail(e.status());
   const Ways ways{&hb, cb->get(), e->get()};
   if (!f.json) {
-    std::printf("# ferry-bench node: ferryd A serves; ferryd B and a node embedded here pull; "
-                "loopback, tcp, %zu rails each\n", f.rails);
+    std::printf(
+        "# ferry-bench node: ferryd A serves; ferryd B and a node embedded here pull; "
+        "loopback, tcp, %zu rails each\n",
+        f.rails);
   }
 
   // Regions for the largest pull: A's source, B's and the embedded node's destinations.
@@ -260,7 +274,8 @@ int RunNodeBench(const NodeFlags& f) {
   largest = std::max<uint64_t>(largest, uint64_t{f.max_extents} << 16);
   auto a_region = NewRegion(ha, largest);
   auto b_region = NewRegion(hb, largest);
-  if (!a_region.ok() || !b_region.ok()) return Fail(a_region.ok() ? b_region.status() : a_region.status());
+  if (!a_region.ok() || !b_region.ok())
+    return Fail(a_region.ok() ? b_region.status() : a_region.status());
   std::vector<char> e_memory(largest);
   auto e_region = (*e)->Register(e_memory.data(), e_memory.size());
   if (!e_region.ok()) return Fail(e_region.status());
@@ -274,13 +289,20 @@ int RunNodeBench(const NodeFlags& f) {
     auto times = TimePulls(PullVia(ways, via, a.url, "lat", 4096, *b_region, *e_region), 20,
                            f.latency_iters);
     if (!times.ok()) return Fail(times.status());
-    const double p50 = Percentile(times->wall, 0.5) * 1e6, p99 = Percentile(times->wall, 0.99) * 1e6;
+    const double p50 = Percentile(times->wall, 0.5) * 1e6,
+                 p99 = Percentile(times->wall, 0.99) * 1e6;
     const double engine_p50 = Percentile(times->engine, 0.5) * 1e6;
     Row(f,
-        {{"bench", "node_pull_latency"}, {"via", via}, {"bytes", 4096}, {"iters", f.latency_iters},
-         {"p50_us", p50}, {"p99_us", p99}, {"engine_p50_us", engine_p50}},
-        absl::StrFormat("pull 4 KiB via %-8s %d pulls: p50 %.0f us, p99 %.0f us (engine p50 %.0f us)",
-                        via, f.latency_iters, p50, p99, engine_p50));
+        {{"bench", "node_pull_latency"},
+         {"via", via},
+         {"bytes", 4096},
+         {"iters", f.latency_iters},
+         {"p50_us", p50},
+         {"p99_us", p99},
+         {"engine_p50_us", engine_p50}},
+        absl::StrFormat(
+            "pull 4 KiB via %-8s %d pulls: p50 %.0f us, p99 %.0f us (engine p50 %.0f us)", via,
+            f.latency_iters, p50, p99, engine_p50));
   }
 
   // 2. Throughput: the whole call next to the engine's own time for the same WRITEs.
@@ -292,14 +314,21 @@ int RunNodeBench(const NodeFlags& f) {
     const std::string name = "tp" + std::to_string(size);
     if (absl::Status s = publish(name, Layout({{*a_region, 0, size}})); !s.ok()) return Fail(s);
     for (const char* via : kVias) {
-      auto times = TimePulls(PullVia(ways, via, a.url, name, size, *b_region, *e_region), 1, f.iters);
+      auto times =
+          TimePulls(PullVia(ways, via, a.url, name, size, *b_region, *e_region), 1, f.iters);
       if (!times.ok()) return Fail(times.status());
       const double cs = Median(times->wall), es = Median(times->engine);
       const double mb = static_cast<double>(size) / 1e6;
-      Row(f, {{"bench", "node_pull_throughput"}, {"via", via}, {"bytes", size}, {"iters", f.iters},
-              {"call_seconds", cs}, {"engine_seconds", es}, {"ratio", es / cs}},
-          absl::StrFormat("%-9s %12d %6d %10.5f %12.1f %10.5f %12.1f %7.2f", via, size, f.iters,
-                          cs, mb / cs, es, mb / es, es / cs));
+      Row(f,
+          {{"bench", "node_pull_throughput"},
+           {"via", via},
+           {"bytes", size},
+           {"iters", f.iters},
+           {"call_seconds", cs},
+           {"engine_seconds", es},
+           {"ratio", es / cs}},
+          absl::StrFormat("%-9s %12d %6d %10.5f %12.1f %10.5f %12.1f %7.2f", via, size, f.iters, cs,
+                          mb / cs, es, mb / es, es / cs));
     }
   }
 
@@ -329,9 +358,14 @@ int RunNodeBench(const NodeFlags& f) {
       }
       const double control_us = Median(control) * 1e6;
       Row(f,
-          {{"bench", "node_pull_extents"}, {"extents", n}, {"piece", kPage}, {"warm", warm},
-           {"iters", f.iters * 2}, {"call_us", Median(times->wall) * 1e6},
-           {"engine_us", Median(times->engine) * 1e6}, {"control_us", control_us},
+          {{"bench", "node_pull_extents"},
+           {"extents", n},
+           {"piece", kPage},
+           {"warm", warm},
+           {"iters", f.iters * 2},
+           {"call_us", Median(times->wall) * 1e6},
+           {"engine_us", Median(times->engine) * 1e6},
+           {"control_us", control_us},
            {"control_ns_per_extent", control_us * 1e3 / n}},
           absl::StrFormat("%5d pieces of 64 KiB, %s: call %.0f us, engine %.0f us, control %.0f us "
                           "= %.0f ns per piece",
@@ -345,27 +379,38 @@ int RunNodeBench(const NodeFlags& f) {
     const int n = static_cast<int>(std::min<uint64_t>(f.objects, 100000));
     absl::Time t = absl::Now();
     for (int i = 0; i < n; ++i) {
-      auto r = (*e)->Publish(absl::StrCat("kv/", i), Layout({{*e_region, uint64_t(i) % 4096, 4096}}),
-                             true, false);
+      auto r = (*e)->Publish(absl::StrCat("kv/", i),
+                             Layout({{*e_region, uint64_t(i) % 4096, 4096}}), true, false);
       if (!r.ok()) return Fail(r.status());
     }
     double secs = absl::ToDoubleSeconds(absl::Now() - t);
-    Row(f, {{"bench", "catalog_publish"}, {"durable", false}, {"via", "embedded"},
-            {"objects", n}, {"per_sec", n / secs}},
-        absl::StrFormat("publish ephemeral, in process: %d in %.2f s = %.0f /s", n, secs, n / secs));
+    Row(f,
+        {{"bench", "catalog_publish"},
+         {"durable", false},
+         {"via", "embedded"},
+         {"objects", n},
+         {"per_sec", n / secs}},
+        absl::StrFormat("publish ephemeral, in process: %d in %.2f s = %.0f /s", n, secs,
+                        n / secs));
     const int n_http = std::min(n, 20000);
-    const std::string body = json{{"extents", {{{"region", *a_region}, {"offset", 0}, {"length", 4096}}}}}.dump();
+    const std::string body =
+        json{{"extents", {{{"region", *a_region}, {"offset", 0}, {"length", 4096}}}}}.dump();
     ha.set_keep_alive(true);
     ha.set_tcp_nodelay(true);
     t = absl::Now();
     for (int i = 0; i < n_http; ++i) {
       auto r = ha.Put(absl::StrCat("/v1/objects/kv%2F", i, "?durable=false").c_str(), body,
                       "application/json");
-      if (!r || r->status != 201) return Fail(absl::UnavailableError("PUT: " + (r ? r->body : "no answer")));
+      if (!r || r->status != 201)
+        return Fail(absl::UnavailableError("PUT: " + (r ? r->body : "no answer")));
     }
     secs = absl::ToDoubleSeconds(absl::Now() - t);
-    Row(f, {{"bench", "catalog_publish"}, {"durable", false}, {"via", "http"},
-            {"objects", n_http}, {"per_sec", n_http / secs}},
+    Row(f,
+        {{"bench", "catalog_publish"},
+         {"durable", false},
+         {"via", "http"},
+         {"objects", n_http},
+         {"per_sec", n_http / secs}},
         absl::StrFormat("publish ephemeral, over HTTP: %d in %.2f s = %.0f /s", n_http, secs,
                         n_http / secs));
   }
@@ -383,9 +428,13 @@ int RunNodeBench(const NodeFlags& f) {
     }
     const double secs = absl::ToDoubleSeconds(absl::Now() - t);
     cat->reset();
-    Row(f, {{"bench", "catalog_publish"}, {"durable", true}, {"via", "catalog"},
-            {"objects", f.objects}, {"seconds", secs},
-            {"per_sec", static_cast<double>(f.objects) / secs}},
+    Row(f,
+        {{"bench", "catalog_publish"},
+         {"durable", true},
+         {"via", "catalog"},
+         {"objects", f.objects},
+         {"seconds", secs},
+         {"per_sec", static_cast<double>(f.objects) / secs}},
         absl::StrFormat("publish durable, in process (no fsync): %d in %.1f s = %.0f /s", f.objects,
                         secs, static_cast<double>(f.objects) / secs));
     testing::FerrydProcess c;
@@ -409,8 +458,11 @@ int RunNodeBench(const NodeFlags& f) {
     }
     const double http_secs = absl::ToDoubleSeconds(absl::Now() - p);
     Row(f,
-        {{"bench", "catalog_lookup"}, {"objects", f.objects}, {"iters", f.latency_iters},
-         {"p50_us", Percentile(us, 0.5)}, {"p99_us", Percentile(us, 0.99)},
+        {{"bench", "catalog_lookup"},
+         {"objects", f.objects},
+         {"iters", f.latency_iters},
+         {"p50_us", Percentile(us, 0.5)},
+         {"p99_us", Percentile(us, 0.99)},
          {"http_publish_per_sec", n_http / http_secs}},
         absl::StrFormat("lookup over HTTP (kept connection) with %d objects: p50 %.0f us, p99 "
                         "%.0f us; publish durable over HTTP (fsync each): %.0f /s",

@@ -1,7 +1,6 @@
 // ferry-bench rails: two ferryd in network namespaces joined by N tbf-shaped veth rails; a
 // scattered object pulled from A into B, timed from the pull request to its answer, next to
 // iperf3 over the same rails in the same run.
-#include "wire/extents.h"
 #include "tests/bench/rails_bench.h"
 
 #include <httplib.h>
@@ -25,6 +24,7 @@
 #include "tests/testing/ferryd_process.h"
 #include "tests/testing/netns.h"
 #include "tests/testing/subprocess.h"
+#include "wire/extents.h"
 
 namespace ferry::bench {
 namespace {
@@ -34,8 +34,7 @@ using testing::CpuSeconds;
 using testing::TestBed;
 
 // `size` bytes of `region` as pieces of `piece` bytes in a shuffled order.
-std::vector<Extent> Scattered(uint64_t region, uint64_t size, uint64_t piece,
-                                              uint32_t seed) {
+std::vector<Extent> Scattered(uint64_t region, uint64_t size, uint64_t piece, uint32_t seed) {
   std::vector<uint64_t> order(size / piece);
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), std::mt19937(seed));
@@ -50,9 +49,9 @@ absl::StatusOr<double> Iperf(const TestBed& bed, int seconds) {
   std::vector<std::unique_ptr<testing::Subprocess>> servers;
   for (size_t i = 0; i < n; ++i) {
     std::vector<std::string> argv = bed.Exec(TestBed::kB);
-    for (std::string a : {std::string("iperf3"), std::string("-s"), std::string("-1"),
-                          std::string("-B"), bed.RailAddress(TestBed::kB, i), std::string("-p"),
-                          std::to_string(5201 + i)}) {
+    for (std::string a :
+         {std::string("iperf3"), std::string("-s"), std::string("-1"), std::string("-B"),
+          bed.RailAddress(TestBed::kB, i), std::string("-p"), std::to_string(5201 + i)}) {
       argv.push_back(a);
     }
     auto s = testing::Subprocess::Spawn(argv, SIGTERM);
@@ -124,9 +123,8 @@ absl::Status RunConfig(const RailsFlags& f, const Config& c, const std::filesyst
   httplib::Client ca(nodes[0].url), cb(nodes[1].url);
   ca.set_read_timeout(600);
   cb.set_read_timeout(600);
-  const std::string a_peer_url =
-      absl::StrCat("http://", (*bed)->PeerAddress(TestBed::kA),
-                   nodes[0].url.substr(nodes[0].url.rfind(':')));
+  const std::string a_peer_url = absl::StrCat("http://", (*bed)->PeerAddress(TestBed::kA),
+                                              nodes[0].url.substr(nodes[0].url.rfind(':')));
   auto src = NewRegion(ca, f.size);
   auto dst = NewRegion(cb, f.size);
   if (!src.ok()) return src.status();
@@ -186,23 +184,30 @@ absl::Status RunConfig(const RailsFlags& f, const Config& c, const std::filesyst
     const double eff = static_cast<double>(f.size) * 8 / secs / line_bps;
     const double ceiling = *iperf / line_bps;
     if (f.json) {
-      std::cout << json{{"bench", "rails"}, {"rails", c.rails}, {"mbit_per_rail", c.mbit},
-                        {"piece", piece}, {"bytes", f.size}, {"seconds", secs}, {"source_seconds", (*stats)["seconds"]},
+      std::cout << json{{"bench", "rails"},
+                        {"rails", c.rails},
+                        {"mbit_per_rail", c.mbit},
+                        {"piece", piece},
+                        {"bytes", f.size},
+                        {"seconds", secs},
+                        {"source_seconds", (*stats)["seconds"]},
                         {"goodput_mbit", static_cast<double>(f.size) * 8 / secs / 1e6},
-                        {"efficiency", eff}, {"iperf3_efficiency", ceiling},
-                        {"ratio_to_iperf3", eff / ceiling}, {"bytes_per_rail", per_rail},
+                        {"efficiency", eff},
+                        {"iperf3_efficiency", ceiling},
+                        {"ratio_to_iperf3", eff / ceiling},
+                        {"bytes_per_rail", per_rail},
                         {"rail_seconds", rail_secs},
-                        {"cpu_s_per_gb_source", cpu_src}, {"cpu_s_per_gb_destination", cpu_dst}}
+                        {"cpu_s_per_gb_source", cpu_src},
+                        {"cpu_s_per_gb_destination", cpu_dst}}
                        .dump()
                 << std::endl;
     } else {
-      std::printf("%5zu %6llu %8llu %8.3f %9.1f %7.2f%% %7.2f%% %6.3f %11.4f %6.3f-%-6.3f %9.2f %9.2f\n",
-                  c.rails, static_cast<unsigned long long>(c.mbit),
-                  static_cast<unsigned long long>(piece), secs,
-                  static_cast<double>(f.size) * 8 / secs / 1e6, 100 * eff, 100 * ceiling,
-                  eff / ceiling, static_cast<double>(*lo) / static_cast<double>(*hi),
-                  rail_secs.empty() ? 0.0 : *first, rail_secs.empty() ? 0.0 : *last, cpu_src,
-                  cpu_dst);
+      std::printf(
+          "%5zu %6llu %8llu %8.3f %9.1f %7.2f%% %7.2f%% %6.3f %11.4f %6.3f-%-6.3f %9.2f %9.2f\n",
+          c.rails, static_cast<unsigned long long>(c.mbit), static_cast<unsigned long long>(piece),
+          secs, static_cast<double>(f.size) * 8 / secs / 1e6, 100 * eff, 100 * ceiling,
+          eff / ceiling, static_cast<double>(*lo) / static_cast<double>(*hi),
+          rail_secs.empty() ? 0.0 : *first, rail_secs.empty() ? 0.0 : *last, cpu_src, cpu_dst);
       std::fflush(stdout);
     }
     if (f.cut_source_rail && c.rails > 1) {
@@ -224,18 +229,24 @@ absl::Status RunConfig(const RailsFlags& f, const Config& c, const std::filesyst
       absl::Status up = (*bed)->SetRailEnd(TestBed::kA, 0, true);
       if (!down.ok() || !up.ok()) return down.ok() ? up : down;
       if (!cut.ok()) return cut.status();
-      const json row = {{"bench", "rails_failover"}, {"rails", c.rails}, {"mbit_per_rail", c.mbit},
-                        {"piece", piece}, {"bytes", f.size}, {"seconds", secs},
-                        {"seconds_rail_cut", cut_secs}, {"ratio", secs / cut_secs},
+      const json row = {{"bench", "rails_failover"},
+                        {"rails", c.rails},
+                        {"mbit_per_rail", c.mbit},
+                        {"piece", piece},
+                        {"bytes", f.size},
+                        {"seconds", secs},
+                        {"seconds_rail_cut", cut_secs},
+                        {"ratio", secs / cut_secs},
                         {"failed_rails", (*cut)["failed_rails"]},
                         {"rerouted_writes", (*cut)["rerouted_writes"]}};
       if (f.json) {
         std::cout << row.dump() << std::endl;
       } else {
-        std::printf("  failover: source rail 0 down at half: %.3f s against %.3f s (%.2fx); "
-                    "failed_rails %s, %s WRITEs rerouted\n",
-                    cut_secs, secs, secs / cut_secs, (*cut)["failed_rails"].dump().c_str(),
-                    (*cut)["rerouted_writes"].dump().c_str());
+        std::printf(
+            "  failover: source rail 0 down at half: %.3f s against %.3f s (%.2fx); "
+            "failed_rails %s, %s WRITEs rerouted\n",
+            cut_secs, secs, secs / cut_secs, (*cut)["failed_rails"].dump().c_str(),
+            (*cut)["rerouted_writes"].dump().c_str());
         std::fflush(stdout);
       }
     }
@@ -257,14 +268,16 @@ int RunRailsBench(const RailsFlags& f) {
     configs.push_back(*c);
   }
   if (!f.json) {
-    std::printf("# ferry-bench rails: %llu-byte scattered object pulled A -> B over N veth rails "
-                "(MTU 9000, tbf each way), tcp provider; iperf3: N streams, %d s\n",
-                static_cast<unsigned long long>(f.size), f.iperf_seconds);
+    std::printf(
+        "# ferry-bench rails: %llu-byte scattered object pulled A -> B over N veth rails "
+        "(MTU 9000, tbf each way), tcp provider; iperf3: N streams, %d s\n",
+        static_cast<unsigned long long>(f.size), f.iperf_seconds);
     std::printf("%5s %6s %8s %8s %9s %8s %8s %6s %11s %13s %9s %9s\n", "rails", "Mbit", "piece",
                 "seconds", "Mbit/s", "effic.", "iperf3", "ratio", "min/max rail", "rails done s",
                 "cpu s/GB A", "cpu s/GB B");
   }
-  const auto dir = std::filesystem::temp_directory_path() / ("ferry-bench-rails-" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("ferry-bench-rails-" + std::to_string(getpid()));
   for (const Config& c : configs) {
     std::filesystem::remove_all(dir);
     absl::Status s = RunConfig(f, c, dir);

@@ -1,4 +1,3 @@
-#include "base/hex.h"
 #include "tests/bench/raw_fabric.h"
 
 #include <poll.h>
@@ -9,6 +8,7 @@
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "base/hex.h"
 #include "base/status.h"
 #include "engine/types.h"
 #include "nlohmann/json.hpp"
@@ -71,8 +71,7 @@ RawEndpoint::~RawEndpoint() { mr_.reset(); }  // MRs close before the endpoint
 absl::Status RawEndpoint::Register(void* addr, size_t length) {
   fid_mr* mr;
   int rc = fi_mr_reg(domain_.get(), addr, length,
-                     FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ, 0, 1, 0, &mr,
-                     nullptr);
+                     FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ, 0, 1, 0, &mr, nullptr);
   if (rc) return FiError(rc, "fi_mr_reg");
   mr_.reset(mr);
   if (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) {
@@ -86,8 +85,7 @@ absl::Status RawEndpoint::Register(void* addr, size_t length) {
 uint64_t RawEndpoint::key() const { return fi_mr_key(mr_.get()); }
 
 uint64_t RawEndpoint::base() const {
-  return (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<uintptr_t>(region_)
-                                                         : 0;
+  return (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<uintptr_t>(region_) : 0;
 }
 
 absl::StatusOr<uint64_t> RawEndpoint::Insert(const std::string& address) {
@@ -108,8 +106,7 @@ void RawEndpoint::Progress() {
 }
 
 absl::Status RawEndpoint::WriteAll(uint64_t peer, uint64_t remote_base, uint64_t remote_key,
-                                   const std::vector<engine::PlannedWrite>& writes,
-                                   size_t window) {
+                                   const std::vector<engine::PlannedWrite>& writes, size_t window) {
   window = std::min(window, info_->tx_attr->size);
   void* desc = fi_mr_desc(mr_.get());
   size_t next = 0, done = 0, in_flight = 0;

@@ -47,7 +47,8 @@ std::pair<int, std::string> Ferry(std::vector<std::string> args) {
 }
 
 TEST(CliTest, PutGetLsStatPullRmWithExitCodes) {
-  const auto dir = std::filesystem::temp_directory_path() / ("ferry-cli-" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("ferry-cli-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   testing::FerrydProcess a = StartFerryd(dir / "a"), b = StartFerryd(dir / "b");
@@ -71,23 +72,26 @@ TEST(CliTest, PutGetLsStatPullRmWithExitCodes) {
   writer.join();
   EXPECT_EQ(pipe_rc, 0);
   EXPECT_THAT(pipe_out, ::testing::HasSubstr("cli/piped version 1, 1048576 bytes"));
-  EXPECT_EQ(Ferry({"--node", a.url, "get", "cli/piped", "-o", (dir / "piped.bin").string()}).first, 0);
+  EXPECT_EQ(Ferry({"--node", a.url, "get", "cli/piped", "-o", (dir / "piped.bin").string()}).first,
+            0);
   std::ifstream piped_in(dir / "piped.bin", std::ios::binary);
   EXPECT_TRUE(std::string(std::istreambuf_iterator<char>(piped_in), {}) == piped);
   auto [pull_rc, pull_out] = Ferry({"--node", b.url, "pull", "cli/obj", "--from", a.url});
   EXPECT_EQ(pull_rc, 0);
   EXPECT_THAT(pull_out, ::testing::HasSubstr("pulled cli/obj: 3145728 bytes"));
-  auto [staged_rc, staged_out] = Ferry({"--node", b.url, "pull", "cli/obj", "--from", a.url,
-                                        "--as", "cli/staged", "--path", "staged"});
+  auto [staged_rc, staged_out] = Ferry({"--node", b.url, "pull", "cli/obj", "--from", a.url, "--as",
+                                        "cli/staged", "--path", "staged"});
   EXPECT_EQ(staged_rc, 0);
   EXPECT_THAT(staged_out, ::testing::HasSubstr("(staged)"));
   // A GPU that is not here: 3 (not found) with CUDA in the build, 1 (unimplemented) without.
-  EXPECT_EQ(Ferry({"--node", a.url, "put", "cli/gpu", (dir / "in.bin").string(), "--device",
-                   "cuda:99"}).first,
-            engine::CudaBuilt() ? 3 : 1);
+  EXPECT_EQ(
+      Ferry({"--node", a.url, "put", "cli/gpu", (dir / "in.bin").string(), "--device", "cuda:99"})
+          .first,
+      engine::CudaBuilt() ? 3 : 1);
   EXPECT_EQ(Ferry({"--node", b.url, "pull", "cli/obj", "--from", a.url, "--path", "warp"}).first,
             1);
-  EXPECT_EQ(Ferry({"--node", b.url, "get", "cli/staged", "-o", (dir / "out.bin").string()}).first, 0);
+  EXPECT_EQ(Ferry({"--node", b.url, "get", "cli/staged", "-o", (dir / "out.bin").string()}).first,
+            0);
   std::ifstream in(dir / "out.bin", std::ios::binary);
   std::string back((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_TRUE(back == data);
@@ -110,7 +114,8 @@ TEST(CliTest, PutGetLsStatPullRmWithExitCodes) {
 // A Put whose source fails part way (a file that got shorter): the node publishes nothing and
 // frees the buffer it had taken, Put returns the source's error, and the client goes on.
 TEST(ClientTest, PutFromASourceThatFailsPublishesNothing) {
-  const auto dir = std::filesystem::temp_directory_path() / ("ferry-client-" + std::to_string(getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("ferry-client-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   testing::FerrydProcess a = StartFerryd(dir);
   ASSERT_TRUE(a.proc);
@@ -154,7 +159,8 @@ TEST(CliTest, TopoPrintsThisMachinesPlacementAndRejectsABadXml) {
   auto [code, out] = Ferry({"topo", "--provider", "tcp"});
   EXPECT_EQ(code, 0) << out;
   // The loopback domain has no PCI device: it is a host-memory rail on any core.
-  EXPECT_THAT(out, ::testing::MatchesRegex("[0-9]+ GPU\\(s\\), [0-9]+ NIC\\(s\\)\n(.*\n)*host memory -> .*lo.* -> numa .* -> cores .*\n"));
+  EXPECT_THAT(out, ::testing::MatchesRegex("[0-9]+ GPU\\(s\\), [0-9]+ NIC\\(s\\)\n(.*\n)*host "
+                                           "memory -> .*lo.* -> numa .* -> cores .*\n"));
   auto [bad, bad_out] = Ferry({"topo", "--xml", "/nonexistent.xml"});
   EXPECT_EQ(bad, 1);
   auto [prov, prov_out] = Ferry({"topo", "--provider", "nonsense"});

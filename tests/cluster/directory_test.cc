@@ -47,9 +47,10 @@ TEST_F(DirectoryStoreTest, RangesArePrefixesInKeyOrderAndRevokeTakesALeasesKeysO
   ASSERT_OK(store_->Put("ferry/nodes/a", "A", lease));
   ASSERT_OK(store_->Put("ferry/nodes/c", "C", 0));
   ASSERT_OK(store_->Put("ferry/nodesX", "X", 0));
-  ASSERT_OK_AND_ASSIGN(auto kvs, store_->Range("ferry/nodes/", Directory::PrefixEnd("ferry/nodes/")));
-  EXPECT_THAT(kvs, ElementsAre(KeyIs("ferry/nodes/a"), KeyIs("ferry/nodes/b"),
-                               KeyIs("ferry/nodes/c")));
+  ASSERT_OK_AND_ASSIGN(auto kvs,
+                       store_->Range("ferry/nodes/", Directory::PrefixEnd("ferry/nodes/")));
+  EXPECT_THAT(kvs,
+              ElementsAre(KeyIs("ferry/nodes/a"), KeyIs("ferry/nodes/b"), KeyIs("ferry/nodes/c")));
   EXPECT_EQ(kvs[0].value, "A");
   EXPECT_EQ(kvs[0].lease, lease);
   EXPECT_EQ(kvs[2].lease, 0);
@@ -121,18 +122,17 @@ class DirectoryClientTest : public DirectoryStoreTest {
  protected:
   void SetUp() override {
     DirectoryStoreTest::SetUp();
-    InstallDirectoryRoutes(server_, *store_,
-                           [](const httplib::Request& req, httplib::Response& res) {
-                             if (req.get_header_value("Authorization") == "Bearer s3cret") {
-                               return true;
-                             }
-                             // As ferryd's own guard answers.
-                             res.status = 401;
-                             res.set_content(
-                                 R"({"error":{"code":"UNAUTHENTICATED","message":"bad token"}})",
-                                 "application/json");
-                             return false;
-                           });
+    InstallDirectoryRoutes(
+        server_, *store_, [](const httplib::Request& req, httplib::Response& res) {
+          if (req.get_header_value("Authorization") == "Bearer s3cret") {
+            return true;
+          }
+          // As ferryd's own guard answers.
+          res.status = 401;
+          res.set_content(R"({"error":{"code":"UNAUTHENTICATED","message":"bad token"}})",
+                          "application/json");
+          return false;
+        });
     port_ = server_.bind_to_any_port("127.0.0.1");
     ASSERT_GT(port_, 0);
     thread_ = std::thread([this] { server_.listen_after_bind(); });
@@ -173,7 +173,8 @@ TEST_F(DirectoryClientTest, LeasesKeysAndRangesGoThroughTheGateway) {
 
 TEST_F(DirectoryClientTest, AWrongTokenIsRefusedAndChangesNothing) {
   ASSERT_OK_AND_ASSIGN(auto d, Directory::Connect(url(), {.token = "wrong"}));
-  EXPECT_THAT(d->Put("k", "v"), StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("bad token")));
+  EXPECT_THAT(d->Put("k", "v"),
+              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("bad token")));
   ASSERT_OK_AND_ASSIGN(auto kvs, store_->Range("k", ""));
   EXPECT_THAT(kvs, IsEmpty());
 }

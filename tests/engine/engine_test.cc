@@ -2,14 +2,14 @@
 // shm): this process is the source, a spawned engine_peer the destination.
 #include "engine/engine.h"
 
-#include <gmock/gmock.h>
 #include <arpa/inet.h>
+#include <gmock/gmock.h>
 #include <netinet/in.h>
 #include <sched.h>
-#include <sys/socket.h>
 #include <signal.h>
-#include <unistd.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,9 +21,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "engine/fabric.h"
 #include "engine/rail.h"
-#include "base/status.h"
 #include "tests/testing/engine_peer.h"
 #include "tests/testing/pattern.h"
 #include "tests/testing/status_matchers.h"
@@ -104,12 +104,11 @@ class EngineTest : public ::testing::TestWithParam<Params> {
   // Starts the destination process with a region of `size` bytes and adds it as a peer.
   void StartPeer(uint64_t size, size_t rails = 0) {
     const Params& p = GetParam();
-    ASSERT_OK_AND_ASSIGN(peer_, Subprocess::Spawn({FERRY_ENGINE_PEER_PATH, "--provider",
-                                                   p.provider, "--domain", Domain(p.provider),
-                                                   "--rails",
-                                                   std::to_string(rails ? rails : p.rails),
-                                                   "--size", std::to_string(size), "--wait-fds",
-                                                   p.wait_fds ? "1" : "0"}));
+    ASSERT_OK_AND_ASSIGN(
+        peer_,
+        Subprocess::Spawn({FERRY_ENGINE_PEER_PATH, "--provider", p.provider, "--domain",
+                           Domain(p.provider), "--rails", std::to_string(rails ? rails : p.rails),
+                           "--size", std::to_string(size), "--wait-fds", p.wait_fds ? "1" : "0"}));
     ASSERT_OK_AND_ASSIGN(std::string hello, peer_->ReadLine(absl::Seconds(30)));
     auto j = nlohmann::json::parse(hello);
     ASSERT_FALSE(j.contains("error")) << hello;
@@ -150,10 +149,17 @@ class EngineTest : public ::testing::TestWithParam<Params> {
 
 TEST(TransferStatsTest, AddSumsPerRailKeepsEachFailedRailOnceAndTheLatestFinish) {
   TransferStats total;
-  total.Add({.bytes = 10, .writes = 2, .bytes_per_rail = {10}, .failed_rails = {0},
+  total.Add({.bytes = 10,
+             .writes = 2,
+             .bytes_per_rail = {10},
+             .failed_rails = {0},
              .rail_seconds = {0.5}});
-  total.Add({.bytes = 7, .writes = 1, .bytes_per_rail = {3, 4}, .rerouted_writes = 1,
-             .failed_rails = {1, 0}, .rail_seconds = {0.25, 0.75}});
+  total.Add({.bytes = 7,
+             .writes = 1,
+             .bytes_per_rail = {3, 4},
+             .rerouted_writes = 1,
+             .failed_rails = {1, 0},
+             .rail_seconds = {0.25, 0.75}});
   EXPECT_EQ(total.bytes, 17u);
   EXPECT_EQ(total.writes, 3u);
   EXPECT_EQ(total.bytes_per_rail, (std::vector<uint64_t>{13, 4}));
@@ -171,8 +177,7 @@ TEST_P(EngineTest, MovesRandomNonContiguousLayoutsByteForByte) {
   ASSERT_NO_FATAL_FAILURE(StartPeer(dst_size));
   SourceBuffer src_buf(*engine_, kTotal + (16ull << 20));
   auto src = ferry::testing::RandomSourceLayout(rng, pieces, src_buf.size);
-  ASSERT_OK_AND_ASSIGN(TransferStats stats,
-                       engine_->Write(Request(src, src_buf.region, dst)));
+  ASSERT_OK_AND_ASSIGN(TransferStats stats, engine_->Write(Request(src, src_buf.region, dst)));
   EXPECT_EQ(stats.bytes, kTotal);
   EXPECT_EQ(stats.bytes_per_rail.size(), GetParam().rails);
   // Planned in equal shares; a rail that runs dry takes queued WRITEs of another.
@@ -278,9 +283,8 @@ TEST_P(EngineTest, TransferToAnExitedPeerFailsWithinItsDeadlineAndEngineKeepsWor
   auto result = engine_->Write(std::move(req));
   const absl::Duration took = absl::Now() - start;
   EXPECT_FALSE(result.ok());
-  EXPECT_THAT(result.status().code(),
-              ::testing::AnyOf(absl::StatusCode::kUnavailable,
-                               absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(result.status().code(), ::testing::AnyOf(absl::StatusCode::kUnavailable,
+                                                       absl::StatusCode::kDeadlineExceeded));
   EXPECT_LT(took, absl::Seconds(6));
   ASSERT_OK(engine_->RemovePeer(peer_id_));
   peer_.reset();
@@ -485,8 +489,7 @@ TEST_P(EngineTest, AddingTheSameAddressTwiceGivesTheSamePeer) {
   EXPECT_THAT(engine_->AddPeer(bad), StatusIs(absl::StatusCode::kInvalidArgument));
   bad.rails[0].clear();
   EXPECT_THAT(engine_->AddPeer(bad), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(engine_->AddPeer(PeerAddress{"x", {}}),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(engine_->AddPeer(PeerAddress{"x", {}}), StatusIs(absl::StatusCode::kInvalidArgument));
   ASSERT_OK(engine_->RemovePeer(peer_id_));
   EXPECT_THAT(engine_->SendControl(peer_id_, "x"), StatusIs(absl::StatusCode::kNotFound));
 }
@@ -564,7 +567,8 @@ TEST_P(EngineTest, WritesRefusedAtPostTimeMoveToTheOtherRailsOrFailAsUnavailable
   for (uint32_t mask : {0b0010u, 0b0101u, 0b1110u}) {
     SCOPED_TRACE(absl::StrCat("refusing rails mask ", mask));
     refusing->store(mask);
-    ASSERT_OK_AND_ASSIGN(auto armed, peer_->Call({{"cmd", "expect"}, {"tag", ++tag}, {"count", 1}}));
+    ASSERT_OK_AND_ASSIGN(auto armed,
+                         peer_->Call({{"cmd", "expect"}, {"tag", ++tag}, {"count", 1}}));
     ASSERT_TRUE(armed["ok"].get<bool>());
     TransferRequest req = Request(src, src_buf.region, dst);
     req.immediate = tag;  // the tail too goes once, after every other byte
@@ -573,7 +577,8 @@ TEST_P(EngineTest, WritesRefusedAtPostTimeMoveToTheOtherRailsOrFailAsUnavailable
     for (size_t r = 0; r < 4; ++r) {
       const bool refused = (mask >> r) & 1;
       EXPECT_EQ(std::count(stats.failed_rails.begin(), stats.failed_rails.end(), r),
-                refused ? 1 : 0) << "rail " << r;
+                refused ? 1 : 0)
+          << "rail " << r;
       if (refused) {
         EXPECT_EQ(stats.bytes_per_rail[r], 0u) << "rail " << r;
       }
@@ -706,8 +711,7 @@ TEST(EngineIdleTest, IdleEngineUsesNoCpuAndAnAwakeOneSpinsOnlyWhenAsked) {
     o.rails = 2;
     o.spin_while_awake = c.spin;
     o.wait_fds = c.wait_fds;
-    const std::string what =
-        absl::StrCat("spin_while_awake ", c.spin, ", wait_fds ", c.wait_fds);
+    const std::string what = absl::StrCat("spin_while_awake ", c.spin, ", wait_fds ", c.wait_fds);
     ASSERT_OK_AND_ASSIGN(auto engine, Engine::Create(o));
     EXPECT_EQ(engine->bell_address().empty(), false) << what;
     absl::SleepFor(kFallAsleep);
@@ -810,8 +814,12 @@ TEST(EngineCreateTest, TopologyPlacesRailsWithoutAPciDeviceInTheHostGroup) {
   ASSERT_OK_AND_ASSIGN(PeerId self, engine->AddPeer(engine->address()));
   ASSERT_OK_AND_ASSIGN(Window window, engine->OpenWindow(d, 0, dst.size()));
   const RegionDescriptor desc = window.descriptor;
-  ASSERT_OK(engine->Write({.peer = self, .src = {{s, 0, src.size()}}, .dst_regions = {desc},
-                           .dst = {{0, 0, dst.size()}}}).status());
+  ASSERT_OK(engine
+                ->Write({.peer = self,
+                         .src = {{s, 0, src.size()}},
+                         .dst_regions = {desc},
+                         .dst = {{0, 0, dst.size()}}})
+                .status());
   EXPECT_EQ(src, dst);
 }
 

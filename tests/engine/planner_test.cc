@@ -44,8 +44,8 @@ std::vector<Extent> RandomExtents(std::mt19937_64& rng, uint64_t total, uint64_t
     *region_size = total + max_piece;
     for (uint64_t n : lengths) out.push_back({rng() % 2, rng() % (*region_size - n + 1), n});
   }
-  if (rng() % 3 == 0) out.insert(out.begin() + static_cast<long>(rng() % (out.size() + 1)),
-                                 Extent{0, 0, 0});
+  if (rng() % 3 == 0)
+    out.insert(out.begin() + static_cast<long>(rng() % (out.size() + 1)), Extent{0, 0, 0});
   return out;
 }
 
@@ -116,8 +116,8 @@ TEST(PlannerTest, RandomLayoutsWriteEveryDestinationByteOnceFromTheRightSource) 
     }
     uint64_t written_count = 0;
     for (auto& region : written) {
-      written_count += static_cast<uint64_t>(std::count_if(
-          region.begin(), region.end(), [](int64_t v) { return v >= 0; }));
+      written_count += static_cast<uint64_t>(
+          std::count_if(region.begin(), region.end(), [](int64_t v) { return v >= 0; }));
     }
     ASSERT_EQ(written_count, total) << "bytes outside the destination extents were written";
     // Balanced to within one piece (here: to the byte).

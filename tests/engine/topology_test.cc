@@ -61,12 +61,13 @@ std::string Xml(const Machine& m) {
 <!DOCTYPE topology SYSTEM "hwloc2.dtd">
 <topology version="2.0">
 )";
-  absl::StrAppend(&x, "<object type=\"Machine\" os_index=\"0\"", sets(Bits(0, npk * cpp), Bits(0, npk)),
-                  " allowed_cpuset=\"", Bits(0, npk * cpp), "\" allowed_nodeset=\"", Bits(0, npk),
-                  "\" gp_index=\"", gp++, "\">\n");
+  absl::StrAppend(&x, "<object type=\"Machine\" os_index=\"0\"",
+                  sets(Bits(0, npk * cpp), Bits(0, npk)), " allowed_cpuset=\"", Bits(0, npk * cpp),
+                  "\" allowed_nodeset=\"", Bits(0, npk), "\" gp_index=\"", gp++, "\">\n");
   for (int p = 0; p < npk; ++p) {
     const std::string pk = sets(Bits(p * cpp, cpp), Bits(p, 1));
-    absl::StrAppend(&x, "<object type=\"Package\" os_index=\"", p, "\"", pk, " gp_index=\"", gp++, "\">\n");
+    absl::StrAppend(&x, "<object type=\"Package\" os_index=\"", p, "\"", pk, " gp_index=\"", gp++,
+                    "\">\n");
     absl::StrAppend(&x, "<object type=\"NUMANode\" os_index=\"", p, "\"", pk, " gp_index=\"", gp++,
                     "\" local_memory=\"1073741824\"/>\n");
     for (int c = p * cpp; c < (p + 1) * cpp; ++c) {
@@ -87,7 +88,8 @@ std::string Xml(const Machine& m) {
                         absl::StrFormat("0000:%02x:00.0", bus_base),
                         "\" pci_type=\"0604 [1000:c010] [0000:0000] 00\" pci_link_speed=\"0\" "
                         "bridge_type=\"1-1\" depth=\"1\" bridge_pci=\"",
-                        absl::StrFormat("0000:[%02x-%02x]", bus_base + 1, bus_base + devices), "\">\n");
+                        absl::StrFormat("0000:[%02x-%02x]", bus_base + 1, bus_base + devices),
+                        "\">\n");
       }
       int bus = bus_base + 1;
       auto device = [&](const std::string& type, const std::string& osdev) {
@@ -101,7 +103,8 @@ std::string Xml(const Machine& m) {
         ++bus;
       };
       for (int i = 0; i < s.gpus; ++i) device("0302 [10de:2330] [10de:16c1] a1", "");
-      for (int i = 0; i < s.nics; ++i) device("0200 [1d0f:efa1] [0000:0000] 00", absl::StrCat("rdmap", bus, "s0"));
+      for (int i = 0; i < s.nics; ++i)
+        device("0200 [1d0f:efa1] [0000:0000] 00", absl::StrCat("rdmap", bus, "s0"));
       for (int i = 0; i < s.nvme; ++i) device("0108 [1d0f:cd01] [0000:0000] 00", "");
       absl::StrAppend(&x, s.switched ? "</object>\n</object>\n" : "</object>\n");
     }
@@ -112,8 +115,8 @@ std::string Xml(const Machine& m) {
 }
 
 std::unique_ptr<Topology> Load(const Machine& m) {
-  const auto path = std::filesystem::temp_directory_path() /
-                    absl::StrCat("ferry-topo-", getpid(), ".xml");
+  const auto path =
+      std::filesystem::temp_directory_path() / absl::StrCat("ferry-topo-", getpid(), ".xml");
   std::ofstream(path) << Xml(m);
   auto t = Topology::FromXml(path.string());
   std::filesystem::remove(path);
@@ -146,10 +149,10 @@ TEST(TopologyTest, P5LikeMachineGivesEachGpuTheFourNicsOfItsSwitchAndItsPackages
     const int bus = 0x10 * (g + 1);
     EXPECT_EQ(group.gpu, g);
     EXPECT_EQ(group.gpu_pci, absl::StrFormat("0000:%02x:00.0", bus + 1));
-    EXPECT_THAT(Names(group), ElementsAre(absl::StrCat("rdmap", bus + 2, "s0"),
-                                          absl::StrCat("rdmap", bus + 3, "s0"),
-                                          absl::StrCat("rdmap", bus + 4, "s0"),
-                                          absl::StrCat("rdmap", bus + 5, "s0")));
+    EXPECT_THAT(
+        Names(group),
+        ElementsAre(absl::StrCat("rdmap", bus + 2, "s0"), absl::StrCat("rdmap", bus + 3, "s0"),
+                    absl::StrCat("rdmap", bus + 4, "s0"), absl::StrCat("rdmap", bus + 5, "s0")));
     const unsigned package = g < 4 ? 0 : 1;
     EXPECT_THAT(group.numa_nodes, ElementsAre(package));
     EXPECT_EQ(group.cores, Range(package * 48, 48));

@@ -1,7 +1,6 @@
-#include "base/crc32c.h"
-#include "base/hex.h"
-#include "base/ids.h"
 #include "engine/types.h"
+
+#include <gmock/gmock.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -10,8 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include <gmock/gmock.h>
-
+#include "base/crc32c.h"
+#include "base/hex.h"
+#include "base/ids.h"
 #include "engine/control.h"
 #include "engine/fabric.h"
 #include "nlohmann/json.hpp"
@@ -88,8 +88,7 @@ TEST(RegionDescriptorTest, GpuMemoryCarriesHostAndIpcHandleAndMayHaveNoKeys) {
                              nlohmann::json{{"handle", "ab"}, {"offset", 0}}}) {
     nlohmann::json bad = j;
     bad["ipc"] = ipc;
-    EXPECT_THAT(RegionDescriptorFromJson(bad), StatusIs(absl::StatusCode::kInvalidArgument))
-        << ipc;
+    EXPECT_THAT(RegionDescriptorFromJson(bad), StatusIs(absl::StatusCode::kInvalidArgument)) << ipc;
   }
 }
 
@@ -98,8 +97,7 @@ TEST(RegionDescriptorTest, RejectsMissingAndMistypedFields) {
   for (const char* field : {"node", "addr", "length", "device", "offset_addressing", "keys"}) {
     nlohmann::json j = good;
     j.erase(field);
-    EXPECT_THAT(RegionDescriptorFromJson(j), StatusIs(absl::StatusCode::kInvalidArgument))
-        << field;
+    EXPECT_THAT(RegionDescriptorFromJson(j), StatusIs(absl::StatusCode::kInvalidArgument)) << field;
     j = good;
     j[field] = "wrong";
     if (std::string(field) != "node" && std::string(field) != "device") {

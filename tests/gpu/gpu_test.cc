@@ -45,9 +45,16 @@ class GpuTest : public ::testing::Test {
   void Start(testing::FerrydProcess& node, const std::string& name,
              const std::vector<std::string>& more = {}, const std::string& provider = "tcp") {
     // Small rings (4 x 256 KiB) so that the staged path wraps them many times.
-    std::vector<std::string> args = {"--data-dir", (dir_ / name).string(), "--provider", provider,
-                                     "--rails", "2", "--staging-slots", "4",
-                                     "--staging-slot-kib", "256"};
+    std::vector<std::string> args = {"--data-dir",
+                                     (dir_ / name).string(),
+                                     "--provider",
+                                     provider,
+                                     "--rails",
+                                     "2",
+                                     "--staging-slots",
+                                     "4",
+                                     "--staging-slot-kib",
+                                     "256"};
     if (provider == "tcp") args.insert(args.end(), {"--domain", "lo"});
     args.insert(args.end(), more.begin(), more.end());
     auto p = testing::StartFerryd(Ferryd(), args);
@@ -93,8 +100,13 @@ class GpuTest : public ::testing::Test {
   std::string Pull(const std::string& name, const json& into, const std::string& as,
                    const std::string& path = "auto") {
     auto r = Client(b_).Post("/v1/pulls",
-                             json{{"from", a_.url}, {"object", name}, {"into", into}, {"as", as},
-                                  {"path", path}, {"replace", true}}.dump(),
+                             json{{"from", a_.url},
+                                  {"object", name},
+                                  {"into", into},
+                                  {"as", as},
+                                  {"path", path},
+                                  {"replace", true}}
+                                 .dump(),
                              kJson);
     EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
     return r && r->status == 200 ? json::parse(r->body)["path"].get<std::string>() : "";
@@ -113,15 +125,20 @@ class GpuTest : public ::testing::Test {
       EXPECT_EQ(path, "staged");
     }
   }
-  std::string Read(const std::string& name) { return Client(b_).Get(("/v1/objects/" + name + "/data").c_str())->body; }
+  std::string Read(const std::string& name) {
+    return Client(b_).Get(("/v1/objects/" + name + "/data").c_str())->body;
+  }
   // A region of `size` on `device` at B, cut into 1000-byte extents two apart.
   json Scattered(const std::string& device, uint64_t size) {
-    auto r = Client(b_).Post("/v1/regions", json{{"device", device}, {"size", 2 * size}}.dump(), kJson);
+    auto r =
+        Client(b_).Post("/v1/regions", json{{"device", device}, {"size", 2 * size}}.dump(), kJson);
     EXPECT_EQ(r->status, 201) << r->body;
     const uint64_t region = json::parse(r->body)["id"];
     json extents = json::array();
     for (uint64_t pos = 0; pos < size; pos += 1000) {
-      extents.push_back({{"region", region}, {"offset", 2 * pos}, {"length", std::min<uint64_t>(1000, size - pos)}});
+      extents.push_back({{"region", region},
+                         {"offset", 2 * pos},
+                         {"length", std::min<uint64_t>(1000, size - pos)}});
     }
     return extents;
   }
@@ -171,7 +188,10 @@ TEST_F(GpuTest, GpuAndHostMemoryMeetThroughTheStagedPath) {
   // the rails, and B makes the pull again on the staged path.
   const json host_extents = Scattered("host", gpu.size());
   EXPECT_EQ(Pull("g", {{"extents", host_extents}}, "unused"), "staged");
-  ASSERT_EQ(Client(b_).Put("/v1/objects/g-into-host", json{{"extents", host_extents}}.dump(), kJson)->status, 201);
+  ASSERT_EQ(Client(b_)
+                .Put("/v1/objects/g-into-host", json{{"extents", host_extents}}.dump(), kJson)
+                ->status,
+            201);
   EXPECT_TRUE(Read("g-into-host") == gpu);
   EXPECT_EQ(Pull("g", {{"device", dst_}}, "g-staged", "staged"), "staged");  // forced
   EXPECT_TRUE(Read("g-staged") == gpu);
@@ -181,8 +201,9 @@ TEST_F(GpuTest, NewVersionsPulledOverIpcTakeTheBufferOfTheVersionDropped) {
   const std::string expect = MakeObject(a_, src_, "g", 7);
   ASSERT_FALSE(expect.empty());
   b_.Stop();  // B again, keeping one version and the buffer of the one it drops
-  auto p = testing::StartFerryd(Ferryd(), {"--data-dir", (dir_ / "b2").string(), "--domain", "lo",
-                                           "--rails", "2", "--keep-versions", "1", "--spare-mb", "64"});
+  auto p =
+      testing::StartFerryd(Ferryd(), {"--data-dir", (dir_ / "b2").string(), "--domain", "lo",
+                                      "--rails", "2", "--keep-versions", "1", "--spare-mb", "64"});
   ASSERT_TRUE(p.ok()) << p.status();
   b_ = std::move(*p);
   auto c = Client(b_);
@@ -205,15 +226,14 @@ TEST_F(GpuTest, UploadsIntoGpuMemoryReadBackExactly) {
   // chunked, it is read whole and copied at once.
   auto sized = c.Put(("/v1/objects/up-sized/data?device=" + src_).c_str(), bytes, kOctet);
   ASSERT_EQ(sized->status, 201) << sized->body;
-  auto chunked = c.Put(
-      ("/v1/objects/up-chunked/data?device=" + src_).c_str(),
-      [&](size_t offset, httplib::DataSink& sink) {
-        const size_t n = std::min<size_t>(1 << 20, bytes.size() - offset);
-        sink.write(bytes.data() + offset, n);
-        if (offset + n == bytes.size()) sink.done();
-        return true;
-      },
-      kOctet);
+  auto chunked = c.Put(("/v1/objects/up-chunked/data?device=" + src_).c_str(),
+                       [&](size_t offset, httplib::DataSink& sink) {
+                         const size_t n = std::min<size_t>(1 << 20, bytes.size() - offset);
+                         sink.write(bytes.data() + offset, n);
+                         if (offset + n == bytes.size()) sink.done();
+                         return true;
+                       },
+                       kOctet);
   ASSERT_EQ(chunked->status, 201) << chunked->body;
   for (const char* name : {"up-sized", "up-chunked"}) {
     SCOPED_TRACE(name);
@@ -227,7 +247,8 @@ TEST_F(GpuTest, WhatCannotWorkIsRefusedWithItsReason) {
   ASSERT_FALSE(MakeObject(a_, src_, "g", 4).empty());
   auto c = Client(b_);
   const bool hmem = HmemOnRails();
-  auto rdma = c.Post("/v1/pulls", json{{"from", a_.url}, {"object", "g"}, {"path", "rdma"}}.dump(), kJson);
+  auto rdma =
+      c.Post("/v1/pulls", json{{"from", a_.url}, {"object", "g"}, {"path", "rdma"}}.dump(), kJson);
   if (!hmem) {
     // A libfabric that cannot register GPU memory (Debian's): a forced rdma path is refused.
     EXPECT_EQ(rdma->status, 409) << rdma->body;
@@ -275,16 +296,25 @@ TEST_F(GpuTest, AProviderThatFailsGpuWritesEndsInAStagedPullThatCompletes) {
   auto c = Client(b_);
   for (int i = 0; i < 2; ++i) {  // the second one meets whatever the first left behind
     const std::string as = "g-host-" + std::to_string(i);
-    auto r = c.Post("/v1/pulls", json{{"from", a_.url}, {"object", "g"}, {"as", as},
-                                      {"into", {{"device", "host"}}}}.dump(), kJson);
+    auto r = c.Post(
+        "/v1/pulls",
+        json{{"from", a_.url}, {"object", "g"}, {"as", as}, {"into", {{"device", "host"}}}}.dump(),
+        kJson);
     ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
     const json stats = json::parse(r->body);
     EXPECT_EQ(stats["path"], "staged") << stats;
-    EXPECT_THAT(stats.value("fallback", ""), ::testing::HasSubstr("failed with GPU memory on the rails"));
+    EXPECT_THAT(stats.value("fallback", ""),
+                ::testing::HasSubstr("failed with GPU memory on the rails"));
     EXPECT_TRUE(Read(as) == gpu);
   }
-  auto forced = c.Post("/v1/pulls", json{{"from", a_.url}, {"object", "g"}, {"as", "g-rdma"},
-                                         {"into", {{"device", "host"}}}, {"path", "rdma"}}.dump(), kJson);
+  auto forced = c.Post("/v1/pulls",
+                       json{{"from", a_.url},
+                            {"object", "g"},
+                            {"as", "g-rdma"},
+                            {"into", {{"device", "host"}}},
+                            {"path", "rdma"}}
+                           .dump(),
+                       kJson);
   EXPECT_EQ(forced->status, 400) << forced->body;
   EXPECT_THAT(forced->body, ::testing::HasSubstr("failed with GPU memory on the rails"));
   EXPECT_EQ(c.Get("/v1/objects/g-rdma")->status, 404);
@@ -308,8 +338,8 @@ TEST(GpuCopyTest, PiecesRelayedBetweenTwoGpusLandWhereTheyShould) {
   }
   std::vector<uint64_t> lengths;
   for (uint64_t total = 0; total < kSize;) {
-    const uint64_t len = std::min(kSize - total, lengths.size() == 10 ? uint64_t{64} << 20
-                                                                      : 1 + rng() % (2 << 20));
+    const uint64_t len =
+        std::min(kSize - total, lengths.size() == 10 ? uint64_t{64} << 20 : 1 + rng() % (2 << 20));
     lengths.push_back(len);
     total += len;
   }

@@ -59,8 +59,9 @@ TEST_F(CatalogTest, MetaTypeAndChecksumComeBackAfterReopenAndVersionsWithoutThem
   const std::string meta = R"({"tensors":[{"name":"w","dtype":"F32","shape":[2],"offset":0}]})";
   ASSERT_OK(catalog_->Publish("m", {{1, 0, 8}}, false, nullptr, true, {.meta = meta}).status());
   ASSERT_OK(catalog_->Publish("m", {{1, 0, 8}}, true).status());
-  ASSERT_OK(catalog_->Publish("m", {{1, 0, 8}}, true, nullptr, true,
-                              {.content_type = "image/png", .crc32c = 0xdeadbeef})
+  ASSERT_OK(catalog_
+                ->Publish("m", {{1, 0, 8}}, true, nullptr, true,
+                          {.content_type = "image/png", .crc32c = 0xdeadbeef})
                 .status());
   ASSERT_OK(catalog_->Publish("m", {{1, 0, 8}}, true, nullptr, true, {.crc32c = 7}).status());
   ASSERT_OK(catalog_->Publish("kv", {{1, 0, 8}}, false, nullptr, false, {.meta = "[1]"}).status());
@@ -88,8 +89,8 @@ TEST_F(CatalogTest, ConditionalPublishAndDeleteHappenOnlyAtTheVersionNamed) {
               StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(catalog_->Publish("c", {{1, 0, 8}}, true, nullptr, true, {.if_latest = 2}).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition));
-  ASSERT_OK_AND_ASSIGN(auto v2, catalog_->Publish("c", {{1, 0, 8}}, true, nullptr, true,
-                                                  {.if_latest = 1}));
+  ASSERT_OK_AND_ASSIGN(auto v2,
+                       catalog_->Publish("c", {{1, 0, 8}}, true, nullptr, true, {.if_latest = 1}));
   EXPECT_EQ(v2.version, 2u);
   EXPECT_THAT(catalog_->Delete("c", nullptr, 1), StatusIs(absl::StatusCode::kFailedPrecondition));
   ASSERT_OK_AND_ASSIGN(auto still, catalog_->Get("c"));
@@ -150,8 +151,7 @@ TEST_F(CatalogTest, DeleteRemovesEveryVersionAndReleasesRegions) {
 
 TEST_F(CatalogTest, KeepVersionsDropsTheOldestOnPublishAndReleasesTheirRegions) {
   catalog_.reset();
-  ASSERT_OK_AND_ASSIGN(catalog_,
-                       Catalog::Open(dir_.string(), {.sync = false, .keep_versions = 2}));
+  ASSERT_OK_AND_ASSIGN(catalog_, Catalog::Open(dir_.string(), {.sync = false, .keep_versions = 2}));
   std::set<uint64_t> released;
   ASSERT_OK(catalog_->Publish("a", {{1, 0, 10}, {9, 0, 1}}, false, &released).status());
   ASSERT_OK(catalog_->Publish("a", {{2, 0, 10}}, true, &released).status());
@@ -184,7 +184,8 @@ TEST_F(CatalogTest, KeepVersionsDropsTheOldestOnPublishAndReleasesTheirRegions) 
 }
 
 TEST_F(CatalogTest, RegionUsersCountsVersionsNotExtents) {
-  ASSERT_OK(catalog_->Publish("a", {{1, 0, 10}, {1, 20, 10}, {2, 0, 5}, {1, 40, 1}}, false).status());
+  ASSERT_OK(
+      catalog_->Publish("a", {{1, 0, 10}, {1, 20, 10}, {2, 0, 5}, {1, 40, 1}}, false).status());
   EXPECT_EQ(catalog_->RegionUsers(1), 1u);
   EXPECT_EQ(catalog_->RegionUsers(2), 1u);
   ASSERT_OK(catalog_->Publish("a", {{1, 0, 10}, {1, 50, 10}}, true).status());

@@ -1,7 +1,7 @@
 // ferryd end to end: real ferryd processes on loopback, real HTTP, real RocksDB, real
 // libfabric (tcp provider) between them.
-#include <gmock/gmock.h>
 #include <arpa/inet.h>
+#include <gmock/gmock.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -15,15 +15,15 @@
 #include <random>
 #include <thread>
 
-#include "wire/extents.h"
+#include "base/hex.h"
 #include "engine/cuda.h"
 #include "engine/engine.h"
+#include "ferry/layout.h"
 #include "nlohmann/json.hpp"
 #include "server/node.h"
 #include "tests/testing/ferryd_process.h"
 #include "tests/testing/subprocess.h"
-#include "base/hex.h"
-#include "ferry/layout.h"
+#include "wire/extents.h"
 #include "wire/messages.h"
 
 namespace ferry {
@@ -47,8 +47,8 @@ class Ferryd {
   explicit Ferryd(std::filesystem::path data_dir, std::vector<std::string> extra = {})
       : data_dir_(std::move(data_dir)), extra_(std::move(extra)) {}
   void Start() {
-    std::vector<std::string> args = {"--data-dir", data_dir_.string(), "--domain", "lo",
-                                     "--rails", "2"};
+    std::vector<std::string> args = {"--data-dir", data_dir_.string(), "--domain",
+                                     "lo",         "--rails",          "2"};
     // A thread per rail, as ferryd's default gives on 4 CPUs or more: transfers then cross
     // threads here too (this machine's default would be one).
     if (std::find(extra_.begin(), extra_.end(), "--progress-threads") == extra_.end()) {
@@ -104,21 +104,21 @@ std::string ErrorCode(const httplib::Result& r) {
 }
 
 // Asserts status code and error code of a response.
-#define EXPECT_HTTP_ERROR(result, http_status, error_code)        \
-  do {                                                            \
-    auto&& r_ = (result);                                         \
-    ASSERT_TRUE(r_) << "no response";                             \
-    EXPECT_EQ(r_->status, http_status) << r_->body;               \
-    EXPECT_EQ(ErrorCode(r_), error_code) << r_->body;             \
+#define EXPECT_HTTP_ERROR(result, http_status, error_code) \
+  do {                                                     \
+    auto&& r_ = (result);                                  \
+    ASSERT_TRUE(r_) << "no response";                      \
+    EXPECT_EQ(r_->status, http_status) << r_->body;        \
+    EXPECT_EQ(ErrorCode(r_), error_code) << r_->body;      \
   } while (0)
 
 // A node-to-node message to `node` over POST /v1/peer, from a node at `from`; its answer.
 absl::StatusOr<wire::Envelope> PeerCall(const Ferryd& node, wire::MessageType type,
                                         std::string body, const PeerAddress& from) {
   static uint64_t next_id = 1;
-  auto r = node.Client().Post("/v1/peer",
-                              wire::EncodeEnvelope({type, next_id++, from, std::move(body)}),
-                              wire::kMessageContentType);
+  auto r =
+      node.Client().Post("/v1/peer", wire::EncodeEnvelope({type, next_id++, from, std::move(body)}),
+                         wire::kMessageContentType);
   if (!r) return absl::UnavailableError("no answer");
   if (r->status != 200) return absl::UnknownError("HTTP " + std::to_string(r->status) + r->body);
   return wire::DecodeEnvelope(r->body);
@@ -228,29 +228,29 @@ TEST_F(FerrydTest, RegionsAreAllocatedListedAndDeletedAndBadInputIsRefused) {
   auto list = json::parse(c.Get("/v1/regions")->body);
   ASSERT_EQ(list["regions"].size(), 1u);
   EXPECT_EQ(list["regions"][0]["size"], 4096);
-  EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"host","size":0})", "application/json"),
-                    400, "INVALID_ARGUMENT");
-  EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"gpu","size":10})", "application/json"),
-                    400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"host","size":0})", "application/json"), 400,
+                    "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"gpu","size":10})", "application/json"), 400,
+                    "INVALID_ARGUMENT");
   EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"host","size":-1})", "application/json"),
                     400, "INVALID_ARGUMENT");
   EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"host"})", "application/json"), 400,
                     "INVALID_ARGUMENT");
-  EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"host","size":)", "application/json"),
-                    400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"host","size":)", "application/json"), 400,
+                    "INVALID_ARGUMENT");
   // A GPU that is not there: 404 with CUDA in the build, 501 without.
   if (engine::CudaBuilt()) {
-    EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"cuda:99","size":10})",
-                             "application/json"),
-                      404, "NOT_FOUND");
+    EXPECT_HTTP_ERROR(
+        c.Post("/v1/regions", R"({"device":"cuda:99","size":10})", "application/json"), 404,
+        "NOT_FOUND");
   } else {
-    EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"cuda:0","size":10})",
-                             "application/json"),
+    EXPECT_HTTP_ERROR(c.Post("/v1/regions", R"({"device":"cuda:0","size":10})", "application/json"),
                       501, "UNIMPLEMENTED");
   }
   EXPECT_HTTP_ERROR(c.Delete("/v1/regions/999"), 404, "NOT_FOUND");
   // In use by an object: 409, and it stays.
-  auto pub = c.Put("/v1/objects/uses", json{{"extents", {{{"region", id}, {"offset", 0}, {"length", 10}}}}}.dump(),
+  auto pub = c.Put("/v1/objects/uses",
+                   json{{"extents", {{{"region", id}, {"offset", 0}, {"length", 10}}}}}.dump(),
                    "application/json");
   ASSERT_EQ(pub->status, 201) << pub->body;
   EXPECT_HTTP_ERROR(c.Delete(("/v1/regions/" + std::to_string(id)).c_str()), 409,
@@ -282,7 +282,9 @@ TEST_F(FerrydTest, ObjectsArePublishedReplacedVersionedListedAndDeleted) {
   EXPECT_HTTP_ERROR(c.Get("/v1/objects/m%2Fa?version=7"), 404, "NOT_FOUND");
   EXPECT_HTTP_ERROR(c.Get("/v1/objects/m%2Fa?version=x"), 400, "INVALID_ARGUMENT");
   for (const char* n : {"m%2Fb", "m%2Fc", "n%2Fa"}) {
-    ASSERT_EQ(c.Put((std::string("/v1/objects/") + n).c_str(), layout(0, 1), "application/json")->status, 201);
+    ASSERT_EQ(
+        c.Put((std::string("/v1/objects/") + n).c_str(), layout(0, 1), "application/json")->status,
+        201);
   }
   auto page = json::parse(c.Get("/v1/objects?prefix=m/&limit=2")->body)["objects"];
   ASSERT_EQ(page.size(), 2u);
@@ -317,19 +319,20 @@ TEST_F(FerrydTest, BadPublishRequestsGetTheirCodeAndChangeNothing) {
   EXPECT_HTTP_ERROR(put("x", ext(json::array())), 400, "INVALID_ARGUMENT");
   EXPECT_HTTP_ERROR(put("x", ext({{{"region", 999}, {"offset", 0}, {"length", 1}}})), 404,
                     "NOT_FOUND");
-  EXPECT_HTTP_ERROR(put("x", ext({{{"region", region}, {"offset", 4000}, {"length", 100}}})),
-                    400, "INVALID_ARGUMENT");
-  EXPECT_HTTP_ERROR(put("x", ext({{{"region", region}, {"offset", 18446744073709551615ull},
-                                   {"length", 2}}})),
-                    400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(put("x", ext({{{"region", region}, {"offset", 4000}, {"length", 100}}})), 400,
+                    "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(
+      put("x", ext({{{"region", region}, {"offset", 18446744073709551615ull}, {"length", 2}}})),
+      400, "INVALID_ARGUMENT");
   EXPECT_HTTP_ERROR(put("x", ext({{{"region", region}, {"offset", 0}, {"length", 0}}})), 400,
                     "INVALID_ARGUMENT");
   json five = json::array();
   for (int i = 0; i < 5; ++i) five.push_back({{"region", region}, {"offset", i}, {"length", 1}});
   EXPECT_HTTP_ERROR(put("x", ext(five)), 413, "RESOURCE_EXHAUSTED");
   const std::string good = ext({{{"region", region}, {"offset", 0}, {"length", 1}}});
-  for (const std::string& bad : {std::string("a%2F%2Fb"), std::string(".."), std::string("a%2F.%2Fb"),
-                                 std::string("a%20b"), std::string("%2Fa"), std::string(257, 'a')}) {
+  for (const std::string& bad :
+       {std::string("a%2F%2Fb"), std::string(".."), std::string("a%2F.%2Fb"), std::string("a%20b"),
+        std::string("%2Fa"), std::string(257, 'a')}) {
     SCOPED_TRACE(bad);
     EXPECT_HTTP_ERROR(put(bad, good), 400, "INVALID_ARGUMENT");
   }
@@ -431,11 +434,13 @@ TEST_F(FerrydTest, RefusedAndCutShortUploadsChangeNothingAndTheConnectionStaysUs
   ASSERT_GE(fd, 0) << strerror(errno);
   const std::string head =
       "PUT /v1/objects/short/data HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n"
-      "Content-Type: application/octet-stream\r\n\r\n" + std::string(1000, 'x');
+      "Content-Type: application/octet-stream\r\n\r\n" +
+      std::string(1000, 'x');
   ASSERT_EQ(write(fd, head.data(), head.size()), static_cast<ssize_t>(head.size()));
   auto regions_now = [&] { return a_->Client().Get("/v1/regions")->body; };
   auto wait_for = [](auto done) {
-    for (int i = 0; i < 200 && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (int i = 0; i < 200 && !done(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     return done();
   };
   EXPECT_TRUE(wait_for([&] { return regions_now() != regions; })) << "no buffer for the upload";
@@ -458,11 +463,14 @@ TEST_F(FerrydTest, NonContiguousObjectIsPulledOverRdmaAndReadBackExactly) {
     extents.push_back({{"region", region}, {"offset", off}, {"length", len}});
     expect += base.substr(off, len);
   }
-  ASSERT_EQ(ca.Put("/v1/objects/kv%2Fpages", json{{"extents", extents}}.dump(), "application/json")->status, 201);
+  ASSERT_EQ(ca.Put("/v1/objects/kv%2Fpages", json{{"extents", extents}}.dump(), "application/json")
+                ->status,
+            201);
   auto cb = b_->Client();
-  auto pull = cb.Post("/v1/pulls",
-                      json{{"from", a_->url()}, {"object", "kv/pages"}, {"into", {{"device", "host"}}}}.dump(),
-                      "application/json");
+  auto pull = cb.Post(
+      "/v1/pulls",
+      json{{"from", a_->url()}, {"object", "kv/pages"}, {"into", {{"device", "host"}}}}.dump(),
+      "application/json");
   ASSERT_TRUE(pull);
   ASSERT_EQ(pull->status, 200) << pull->body;
   auto stats = json::parse(pull->body);
@@ -471,7 +479,8 @@ TEST_F(FerrydTest, NonContiguousObjectIsPulledOverRdmaAndReadBackExactly) {
   EXPECT_EQ(stats["bytes_per_rail"].size(), 2u);
   EXPECT_TRUE(cb.Get("/v1/objects/kv%2Fpages/data")->body == expect);
   // Into B's own scattered extents, then read back through a layout published over them.
-  auto reg = json::parse(cb.Post("/v1/regions", json{{"size", 2 * expect.size()}}.dump(), "application/json")->body);
+  auto reg = json::parse(
+      cb.Post("/v1/regions", json{{"size", 2 * expect.size()}}.dump(), "application/json")->body);
   json mine = json::array();
   uint64_t left = expect.size(), pos = 0;
   while (left > 0) {
@@ -480,29 +489,37 @@ TEST_F(FerrydTest, NonContiguousObjectIsPulledOverRdmaAndReadBackExactly) {
     pos += n;
     left -= n;
   }
-  auto into = cb.Post("/v1/pulls", json{{"from", a_->url()}, {"object", "kv/pages"}, {"into", {{"extents", mine}}}}.dump(),
-                      "application/json");
+  auto into = cb.Post(
+      "/v1/pulls",
+      json{{"from", a_->url()}, {"object", "kv/pages"}, {"into", {{"extents", mine}}}}.dump(),
+      "application/json");
   ASSERT_EQ(into->status, 200) << into->body;
-  ASSERT_EQ(cb.Put("/v1/objects/check", json{{"extents", mine}}.dump(), "application/json")->status, 201);
+  ASSERT_EQ(cb.Put("/v1/objects/check", json{{"extents", mine}}.dump(), "application/json")->status,
+            201);
   EXPECT_TRUE(cb.Get("/v1/objects/check/data")->body == expect);
 
   // The same extents as raw triplets after the JSON (what clients send for big layouts), over
   // a fresh region; then bodies of that type that are not well formed.
-  auto reg2 = json::parse(cb.Post("/v1/regions", json{{"size", 2 * expect.size()}}.dump(), "application/json")->body);
+  auto reg2 = json::parse(
+      cb.Post("/v1/regions", json{{"size", 2 * expect.size()}}.dump(), "application/json")->body);
   std::vector<Extent> raw;
   json mine2 = json::array();
   for (const auto& e : mine) {
-    raw.push_back({reg2["id"].get<uint64_t>(), e["offset"].get<uint64_t>(), e["length"].get<uint64_t>()});
+    raw.push_back(
+        {reg2["id"].get<uint64_t>(), e["offset"].get<uint64_t>(), e["length"].get<uint64_t>()});
     mine2.push_back({{"region", reg2["id"]}, {"offset", e["offset"]}, {"length", e["length"]}});
   }
-  const std::string head = json{{"from", a_->url()}, {"object", "kv/pages"}, {"into", json::object()}}.dump();
+  const std::string head =
+      json{{"from", a_->url()}, {"object", "kv/pages"}, {"into", json::object()}}.dump();
   auto by_raw = cb.Post("/v1/pulls", head + "\n" + RawExtents(raw), kExtentsContentType);
   ASSERT_EQ(by_raw->status, 200) << by_raw->body;
-  ASSERT_EQ(cb.Put("/v1/objects/check2", json{{"extents", mine2}}.dump(), "application/json")->status, 201);
+  ASSERT_EQ(
+      cb.Put("/v1/objects/check2", json{{"extents", mine2}}.dump(), "application/json")->status,
+      201);
   EXPECT_TRUE(cb.Get("/v1/objects/check2/data")->body == expect);
-  EXPECT_HTTP_ERROR(cb.Post("/v1/pulls", head + "\n" + RawExtents(raw).substr(1),
-                            kExtentsContentType),
-                    400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(
+      cb.Post("/v1/pulls", head + "\n" + RawExtents(raw).substr(1), kExtentsContentType), 400,
+      "INVALID_ARGUMENT");
   EXPECT_HTTP_ERROR(cb.Post("/v1/pulls", head, kExtentsContentType), 400, "INVALID_ARGUMENT");
 }
 
@@ -530,9 +547,9 @@ TEST_F(FerrydTest, KeepVersionsFreesTheBuffersOfTheVersionsItDrops) {
   // A node that keeps every version (the default) pulls them all into buffers of its own.
   auto cb = b_->Client();
   for (int i = 0; i < 3; ++i) {
-    auto r = cb.Post("/v1/pulls",
-                     json{{"from", a_->url()}, {"object", "w"}, {"replace", true}}.dump(),
-                     "application/json");
+    auto r =
+        cb.Post("/v1/pulls", json{{"from", a_->url()}, {"object", "w"}, {"replace", true}}.dump(),
+                "application/json");
     ASSERT_EQ(r->status, 200) << r->body;
   }
   EXPECT_EQ(json::parse(cb.Get("/v1/regions")->body)["regions"].size(), 3u);
@@ -571,7 +588,8 @@ TEST_F(FerrydTest, SpareBuffersAreTakenByTheNextObjectOfTheirSizeAndDevice) {
   EXPECT_TRUE(c.Get("/v1/objects/y/data")->body == y);
   EXPECT_EQ(json::parse(c.Get("/v1/regions")->body)["regions"].size(), 1u);
   // A region asked for by a client is new memory, zeroed, never a spare.
-  auto r = c.Post("/v1/regions", json{{"device", "host"}, {"size", kMiB}}.dump(), "application/json");
+  auto r =
+      c.Post("/v1/regions", json{{"device", "host"}, {"size", kMiB}}.dump(), "application/json");
   ASSERT_EQ(r->status, 201) << r->body;
   EXPECT_EQ(spare(), kMiB);
 }
@@ -605,17 +623,19 @@ TEST_F(FerrydTest, RegionsAllocatedForAnObjectGoWithItsLastVersion) {
 
   // Another object over an uploaded buffer keeps it until that object goes too.
   const uint64_t base = Upload(*a_, "base", RandomBytes(1 << 20, 3));
-  const json layout = {{"extents", {{{"region", base}, {"offset", 100}, {"length", 1000}},
-                                    {{"region", base}, {"offset", 5000}, {"length", 10}}}}};
+  const json layout = {{"extents",
+                        {{{"region", base}, {"offset", 100}, {"length", 1000}},
+                         {{"region", base}, {"offset", 5000}, {"length", 10}}}}};
   ASSERT_EQ(ca.Put("/v1/objects/view", layout.dump(), "application/json")->status, 201);
   ASSERT_EQ(ca.Delete("/v1/objects/base")->status, 200);
   EXPECT_THAT(region_ids(*a_), ::testing::ElementsAre(base));
   EXPECT_EQ(ca.Get("/v1/objects/view/data")->body.size(), 1010u);
 
   // A pull into a new buffer on B: B's buffer goes with B's object.
-  auto pulled = cb.Post("/v1/pulls",
-                        json{{"from", a_->url()}, {"object", "view"}, {"into", {{"device", "host"}}}}.dump(),
-                        "application/json");
+  auto pulled =
+      cb.Post("/v1/pulls",
+              json{{"from", a_->url()}, {"object", "view"}, {"into", {{"device", "host"}}}}.dump(),
+              "application/json");
   ASSERT_EQ(pulled->status, 200) << pulled->body;
   const uint64_t on_b = json::parse(pulled->body)["region"].get<uint64_t>();
   EXPECT_THAT(region_ids(*b_), ::testing::ElementsAre(on_b));
@@ -626,19 +646,22 @@ TEST_F(FerrydTest, RegionsAllocatedForAnObjectGoWithItsLastVersion) {
   // stays until the WRITEs that read it end) or is refused, and the buffer is gone after.
   const std::string big = RandomBytes(64 << 20, 4);
   const uint64_t big_region = Upload(*a_, "big", big);
-  auto into = json::parse(cb.Post("/v1/regions", json{{"size", big.size()}}.dump(), "application/json")->body);
+  auto into = json::parse(
+      cb.Post("/v1/regions", json{{"size", big.size()}}.dump(), "application/json")->body);
   const json mine = {{{"region", into["id"]}, {"offset", 0}, {"length", big.size()}}};
   std::thread deleter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EXPECT_EQ(a_->Client().Delete("/v1/objects/big")->status, 200);
   });
-  auto during = cb.Post("/v1/pulls",
-                        json{{"from", a_->url()}, {"object", "big"}, {"into", {{"extents", mine}}}}.dump(),
-                        "application/json");
+  auto during =
+      cb.Post("/v1/pulls",
+              json{{"from", a_->url()}, {"object", "big"}, {"into", {{"extents", mine}}}}.dump(),
+              "application/json");
   deleter.join();
   ASSERT_TRUE(during);
   if (during->status == 200) {
-    ASSERT_EQ(cb.Put("/v1/objects/got", json{{"extents", mine}}.dump(), "application/json")->status, 201);
+    ASSERT_EQ(cb.Put("/v1/objects/got", json{{"extents", mine}}.dump(), "application/json")->status,
+              201);
     EXPECT_TRUE(cb.Get("/v1/objects/got/data")->body == big);
   } else {
     EXPECT_EQ(during->status, 404) << during->body;
@@ -649,7 +672,8 @@ TEST_F(FerrydTest, RegionsAllocatedForAnObjectGoWithItsLastVersion) {
   EXPECT_THAT(region_ids(*a_), ::testing::IsEmpty());
 
   // A region the client made stays with no object on it, until the client deletes it.
-  auto made = json::parse(ca.Post("/v1/regions", R"({"device":"host","size":4096})", "application/json")->body);
+  auto made = json::parse(
+      ca.Post("/v1/regions", R"({"device":"host","size":4096})", "application/json")->body);
   EXPECT_EQ(made["for_object"], false);
   const json one = {{"extents", {{{"region", made["id"]}, {"offset", 0}, {"length", 10}}}}};
   ASSERT_EQ(ca.Put("/v1/objects/mine", one.dump(), "application/json")->status, 201);
@@ -678,11 +702,17 @@ TEST_F(FerrydTest, StagedPathMovesNonContiguousObjectsThroughSmallRings) {
     extents.push_back({{"region", region}, {"offset", off}, {"length", len}});
     expect += base.substr(off, len);
   }
-  ASSERT_EQ(ca.Put("/v1/objects/staged", json{{"extents", extents}}.dump(), "application/json")->status, 201);
+  ASSERT_EQ(
+      ca.Put("/v1/objects/staged", json{{"extents", extents}}.dump(), "application/json")->status,
+      201);
   auto pull = [&](json into) {
     return cb.Post("/v1/pulls",
-                   json{{"from", a_->url()}, {"object", "staged"}, {"into", into},
-                        {"path", "staged"}, {"replace", true}}.dump(),
+                   json{{"from", a_->url()},
+                        {"object", "staged"},
+                        {"into", into},
+                        {"path", "staged"},
+                        {"replace", true}}
+                       .dump(),
                    "application/json");
   };
   for (int round = 0; round < 3; ++round) {  // rings come back to the pools and are reused
@@ -695,22 +725,32 @@ TEST_F(FerrydTest, StagedPathMovesNonContiguousObjectsThroughSmallRings) {
     EXPECT_TRUE(cb.Get("/v1/objects/staged/data")->body == expect) << "round " << round;
   }
   // Into B's own scattered extents.
-  auto reg = json::parse(cb.Post("/v1/regions", json{{"size", 2 * expect.size()}}.dump(), "application/json")->body);
+  auto reg = json::parse(
+      cb.Post("/v1/regions", json{{"size", 2 * expect.size()}}.dump(), "application/json")->body);
   json mine = json::array();
   for (uint64_t pos = 0; pos < expect.size(); pos += 777) {
-    mine.push_back({{"region", reg["id"]}, {"offset", 2 * pos},
+    mine.push_back({{"region", reg["id"]},
+                    {"offset", 2 * pos},
                     {"length", std::min<uint64_t>(777, expect.size() - pos)}});
   }
   auto into = pull({{"extents", mine}});
   ASSERT_EQ(into->status, 200) << into->body;
-  ASSERT_EQ(cb.Put("/v1/objects/check", json{{"extents", mine}}.dump(), "application/json")->status, 201);
+  ASSERT_EQ(cb.Put("/v1/objects/check", json{{"extents", mine}}.dump(), "application/json")->status,
+            201);
   EXPECT_TRUE(cb.Get("/v1/objects/check/data")->body == expect);
   // Paths that cannot work are refused by the source, and nothing is published.
-  EXPECT_HTTP_ERROR(cb.Post("/v1/pulls", json{{"from", a_->url()}, {"object", "staged"}, {"as", "ipc"}, {"path", "cuda_ipc"}}.dump(), "application/json"),
-                    400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(
+      cb.Post("/v1/pulls",
+              json{{"from", a_->url()}, {"object", "staged"}, {"as", "ipc"}, {"path", "cuda_ipc"}}
+                  .dump(),
+              "application/json"),
+      400, "INVALID_ARGUMENT");
   EXPECT_EQ(cb.Get("/v1/objects/ipc")->status, 404);
-  EXPECT_HTTP_ERROR(cb.Post("/v1/pulls", json{{"from", a_->url()}, {"object", "staged"}, {"path", "teleport"}}.dump(), "application/json"),
-                    400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(
+      cb.Post("/v1/pulls",
+              json{{"from", a_->url()}, {"object", "staged"}, {"path", "teleport"}}.dump(),
+              "application/json"),
+      400, "INVALID_ARGUMENT");
 }
 
 TEST_F(FerrydTest, BadPullsGetTheirCodeAndTheNodesKeepServing) {
@@ -723,11 +763,17 @@ TEST_F(FerrydTest, BadPullsGetTheirCodeAndTheNodesKeepServing) {
   EXPECT_HTTP_ERROR(pull({{"from", "http://127.0.0.1:1"}, {"object", "obj"}}), 503, "UNAVAILABLE");
   EXPECT_HTTP_ERROR(pull({{"from", "ftp://x"}, {"object", "obj"}}), 400, "INVALID_ARGUMENT");
   EXPECT_HTTP_ERROR(pull({{"from", a_->url()}}), 400, "INVALID_ARGUMENT");
-  EXPECT_HTTP_ERROR(pull({{"from", a_->url()}, {"object", "obj"}, {"into", {{"extents", {{{"region", 42}, {"offset", 0}, {"length", 8192}}}}}}}),
-                    404, "NOT_FOUND");
+  EXPECT_HTTP_ERROR(
+      pull({{"from", a_->url()},
+            {"object", "obj"},
+            {"into", {{"extents", {{{"region", 42}, {"offset", 0}, {"length", 8192}}}}}}}),
+      404, "NOT_FOUND");
   auto reg = json::parse(cb.Post("/v1/regions", R"({"size":8192})", "application/json")->body);
   ASSERT_TRUE(reg.contains("id")) << reg;
-  auto differ = pull({{"from", a_->url()}, {"object", "obj"}, {"into", {{"extents", {{{"region", reg["id"]}, {"offset", 0}, {"length", 100}}}}}}});
+  auto differ =
+      pull({{"from", a_->url()},
+            {"object", "obj"},
+            {"into", {{"extents", {{{"region", reg["id"]}, {"offset", 0}, {"length", 100}}}}}}});
   EXPECT_HTTP_ERROR(differ, 400, "INVALID_ARGUMENT");
   EXPECT_THAT(differ->body, ::testing::HasSubstr("hold 100 bytes"));
   ASSERT_EQ(pull({{"from", a_->url()}, {"object", "obj"}})->status, 200);
@@ -739,8 +785,11 @@ TEST_F(FerrydTest, BadPullsGetTheirCodeAndTheNodesKeepServing) {
   for (auto& r : node_b["rails"]) {
     b_address.rails.push_back(HexDecode(r["address"].get<std::string>()).value());
   }
-  RegionDescriptor desc{.node = b_address.node, .addr = 1 << 20, .length = 8192,
-                        .offset_addressing = true, .keys = {1, 2}};
+  RegionDescriptor desc{.node = b_address.node,
+                        .addr = 1 << 20,
+                        .length = 8192,
+                        .offset_addressing = true,
+                        .keys = {1, 2}};
   auto direct = [&](std::vector<Extent> extents) {
     wire::PullRequest request;
     request.object = "obj";
@@ -768,12 +817,13 @@ TEST_F(FerrydTest, PullsFromANodeWhoseRailsNeverAnswerGet503AndTheSourceKeepsSer
   sin.sin_family = AF_INET;
   sin.sin_port = htons(1);
   sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const PeerAddress nobody{"nobody", {std::string(reinterpret_cast<const char*>(&sin), sizeof(sin))}, ""};
+  const PeerAddress nobody{
+      "nobody", {std::string(reinterpret_cast<const char*>(&sin), sizeof(sin))}, ""};
   wire::PullRequest request;
   request.object = "obj";
   request.timeout_ms = 300;
-  request.regions = {RegionDescriptor{.node = "nobody", .length = 8192, .offset_addressing = true,
-                                      .keys = {1}}};
+  request.regions = {
+      RegionDescriptor{.node = "nobody", .length = 8192, .offset_addressing = true, .keys = {1}}};
   request.layout = Layout({{0, 0, 8192}});
   const std::string body = wire::Encode(request);
   // Retried: the second try crashed the source (its first hello still queued in the provider
@@ -798,8 +848,8 @@ TEST_F(FerrydTest, PullsFromANodeWhoseRailsNeverAnswerGet503AndTheSourceKeepsSer
   EXPECT_EQ(refused, 12);
   // The source still serves real pulls.
   ASSERT_NO_FATAL_FAILURE(StartB());
-  auto pulled = b_->Client().Post(
-      "/v1/pulls", json{{"from", a_->url()}, {"object", "obj"}}.dump(), "application/json");
+  auto pulled = b_->Client().Post("/v1/pulls", json{{"from", a_->url()}, {"object", "obj"}}.dump(),
+                                  "application/json");
   ASSERT_TRUE(pulled);
   EXPECT_EQ(pulled->status, 200) << pulled->body;
 }
@@ -808,17 +858,17 @@ TEST_F(FerrydTest, DeeplyNestedJsonIsRefusedWithoutHarm) {
   ASSERT_NO_FATAL_FAILURE(StartB());
   auto c = a_->Client();
   const std::string deep = std::string(150000, '[') + std::string(150000, ']');
-  EXPECT_HTTP_ERROR(c.Put("/v1/objects/x", R"({"extents":)" + deep + "}", "application/json"),
-                    400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(c.Put("/v1/objects/x", R"({"extents":)" + deep + "}", "application/json"), 400,
+                    "INVALID_ARGUMENT");
   const std::string deeper = std::string(200000, '[') + std::string(200000, ']');
-  EXPECT_HTTP_ERROR(c.Post("/v1/pulls",
-                           R"({"from":")" + b_->url() + R"(","object":"x","into":)" + deeper + "}",
-                           "application/json"),
-                    400, "INVALID_ARGUMENT");
+  EXPECT_HTTP_ERROR(
+      c.Post("/v1/pulls", R"({"from":")" + b_->url() + R"(","object":"x","into":)" + deeper + "}",
+             "application/json"),
+      400, "INVALID_ARGUMENT");
   // Brackets inside strings are only characters: refused for what the body says, not its depth.
-  auto in_string = c.Put("/v1/objects/x",
-                         R"({"extents":[[1,0,1]],"note":")" + std::string(100, '[') + R"("})",
-                         "application/json");
+  auto in_string =
+      c.Put("/v1/objects/x", R"({"extents":[[1,0,1]],"note":")" + std::string(100, '[') + R"("})",
+            "application/json");
   EXPECT_HTTP_ERROR(in_string, 404, "NOT_FOUND");  // no region 1
   EXPECT_THAT(in_string->body, ::testing::HasSubstr("no region 1"));
   EXPECT_EQ(c.Get("/v1/health")->status, 200);
@@ -836,8 +886,10 @@ TEST_F(FerrydTest, AfterARestartObjectsAreBackDetachedAndPullsOfThemAreRefused) 
   EXPECT_EQ(obj["detached"], true);
   EXPECT_EQ(obj["version"], 1);
   EXPECT_HTTP_ERROR(a_->Client().Get("/v1/objects/w/data"), 409, "FAILED_PRECONDITION");
-  EXPECT_HTTP_ERROR(b_->Client().Post("/v1/pulls", json{{"from", a_->url()}, {"object", "w"}}.dump(), "application/json"),
-                    409, "FAILED_PRECONDITION");
+  EXPECT_HTTP_ERROR(
+      b_->Client().Post("/v1/pulls", json{{"from", a_->url()}, {"object", "w"}}.dump(),
+                        "application/json"),
+      409, "FAILED_PRECONDITION");
   EXPECT_TRUE(json::parse(b_->Client().Get("/v1/regions")->body)["regions"].empty())
       << "a failed pull must not leave its buffer behind";
 }
@@ -849,9 +901,10 @@ TEST_F(FerrydTest, EveryAcknowledgedPublishSurvivesKillNine) {
   std::thread writer([&] {
     auto w = a_->Client();
     for (int i = 0; i < 5000; ++i) {
-      auto r = w.Put(("/v1/objects/p" + std::to_string(i)).c_str(),
-                     json{{"extents", {{{"region", region}, {"offset", i % 4096}, {"length", 1}}}}}.dump(),
-                     "application/json");
+      auto r = w.Put(
+          ("/v1/objects/p" + std::to_string(i)).c_str(),
+          json{{"extents", {{{"region", region}, {"offset", i % 4096}, {"length", 1}}}}}.dump(),
+          "application/json");
       if (!r || r->status != 201) break;
       acked = i + 1;
     }
@@ -874,7 +927,8 @@ TEST_F(FerrydTest, ThirtyTwoConcurrentPullsFromEightThreadsAllVerify) {
   ASSERT_NO_FATAL_FAILURE(StartB());
   std::vector<std::string> payloads;
   for (int i = 0; i < 32; ++i) {
-    payloads.push_back(RandomBytes((256 << 10) + static_cast<size_t>(i) * 4099, 100 + static_cast<uint64_t>(i)));
+    payloads.push_back(
+        RandomBytes((256 << 10) + static_cast<size_t>(i) * 4099, 100 + static_cast<uint64_t>(i)));
     Upload(*a_, "o" + std::to_string(i), payloads.back());
   }
   std::atomic<int> ok{0};
@@ -883,7 +937,8 @@ TEST_F(FerrydTest, ThirtyTwoConcurrentPullsFromEightThreadsAllVerify) {
     threads.emplace_back([&, t] {
       auto cb = b_->Client();
       for (int i = t; i < 32; i += 8) {
-        auto r = cb.Post("/v1/pulls", json{{"from", a_->url()}, {"object", "o" + std::to_string(i)}}.dump(),
+        auto r = cb.Post("/v1/pulls",
+                         json{{"from", a_->url()}, {"object", "o" + std::to_string(i)}}.dump(),
                          "application/json");
         if (!r || r->status != 200) continue;
         auto back = cb.Get(("/v1/objects/o" + std::to_string(i) + "/data").c_str());
@@ -897,9 +952,7 @@ TEST_F(FerrydTest, ThirtyTwoConcurrentPullsFromEightThreadsAllVerify) {
 
 TEST(FerrydAuthTest, TokenIsRequiredOnEveryRouteButHealth) {
   auto dir = TempDir("auth");
-  {
-    std::ofstream(dir / "token") << "s3cret\n";
-  }
+  { std::ofstream(dir / "token") << "s3cret\n"; }
   Ferryd node(dir / "data", {"--token-file", (dir / "token").string()});
   ASSERT_NO_FATAL_FAILURE(node.Start());
   EXPECT_EQ(node.Client().Get("/v1/health")->status, 200);
@@ -945,16 +998,18 @@ TEST(FerrydAuthTest, TokenIsRequiredOnEveryRouteButHealth) {
     const ssize_t n = read(fd, buf, sizeof(buf) - 1);
     close(fd);
     ASSERT_GT(n, 0) << "no answer within 2 s";
-    EXPECT_THAT(std::string(buf), ::testing::StartsWith(auth.empty() ? "HTTP/1.1 401" : "HTTP/1.1 400"));
+    EXPECT_THAT(std::string(buf),
+                ::testing::StartsWith(auth.empty() ? "HTTP/1.1 401" : "HTTP/1.1 400"));
   }
   node.Stop();
   std::filesystem::remove_all(dir);
 }
 
 TEST(FerrydFlagsTest, RefusesANonLoopbackAddressWithoutATokenAndBadListenValues) {
-  for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"--listen", "0.0.0.0:0"}, {"--listen", "nonsense"},
-        {"--listen", "127.0.0.1:99999"}, {"--token-file", "/nonexistent/token"}}) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"--listen", "0.0.0.0:0"},
+                                               {"--listen", "nonsense"},
+                                               {"--listen", "127.0.0.1:99999"},
+                                               {"--token-file", "/nonexistent/token"}}) {
     std::vector<std::string> argv = {FERRYD_PATH, "--data-dir", TempDir("flags").string()};
     argv.insert(argv.end(), args.begin(), args.end());
     auto p = Subprocess::Spawn(argv);

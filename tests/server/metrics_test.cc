@@ -66,8 +66,8 @@ TEST(MetricsTest, APullCountsItsOutcomeAndOnlySuccessesCountBytes) {
 TEST(MetricsTest, TheLogKeepsTheLastPullsOnly) {
   PullLog log;
   for (size_t i = 0; i < PullLog::kRecent + 5; ++i) {
-    log.End(log.Begin("source", "o" + std::to_string(i), "n", "rdma", 1), "rdma",
-            absl::OkStatus(), 1);
+    log.End(log.Begin("source", "o" + std::to_string(i), "n", "rdma", 1), "rdma", absl::OkStatus(),
+            1);
   }
   const auto recent = log.Recent();
   ASSERT_EQ(recent.size(), PullLog::kRecent);

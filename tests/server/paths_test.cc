@@ -17,18 +17,22 @@ namespace {
 using ::ferry::testing::StatusIs;
 
 TEST(PathTest, ChoosesIpcOnlyForGpuToGpuOnOneHostThenRdmaThenStaged) {
-  PathFacts ipc{.same_host = true, .cuda_here = true, .src_all_gpu = true,
-                .src_on_rails = false, .dst_all_ipc = true, .dst_on_rails = false};
+  PathFacts ipc{.same_host = true,
+                .cuda_here = true,
+                .src_all_gpu = true,
+                .src_on_rails = false,
+                .dst_all_ipc = true,
+                .dst_on_rails = false};
   EXPECT_EQ(ChoosePath(ipc), PullPath::kCudaIpc);
   for (bool PathFacts::*fact : {&PathFacts::same_host, &PathFacts::cuda_here,
-                                 &PathFacts::src_all_gpu, &PathFacts::dst_all_ipc}) {
+                                &PathFacts::src_all_gpu, &PathFacts::dst_all_ipc}) {
     PathFacts f = ipc;
     f.*fact = false;
     EXPECT_EQ(ChoosePath(f), PullPath::kStaged);  // neither side on the rails
     f.src_on_rails = f.dst_on_rails = true;
-    EXPECT_EQ(ChoosePath(f), PullPath::kRdma);    // FI_HMEM, or host memory
+    EXPECT_EQ(ChoosePath(f), PullPath::kRdma);  // FI_HMEM, or host memory
   }
-  EXPECT_EQ(ChoosePath({}), PullPath::kRdma);     // host to host
+  EXPECT_EQ(ChoosePath({}), PullPath::kRdma);  // host to host
   EXPECT_EQ(ChoosePath({.src_on_rails = false}), PullPath::kStaged);
   EXPECT_EQ(ChoosePath({.dst_on_rails = false}), PullPath::kStaged);
 }
@@ -93,8 +97,8 @@ TEST(PiecesTest, SliceAndPairCopyEveryByteOnceFromTheRightPlace) {
 TEST(PiecesTest, GpuPiecesNeedCudaAndSayWhy) {
   if (engine::CudaDeviceCount() > 0) GTEST_SKIP() << "a GPU is here: tests/gpu/run.sh covers it";
   char a[8] = {}, b[8] = {};
-  const auto status = RunPieces({{Device::Cuda(0),
-                                  {reinterpret_cast<uint64_t>(a), reinterpret_cast<uint64_t>(b), 8}}});
+  const auto status = RunPieces(
+      {{Device::Cuda(0), {reinterpret_cast<uint64_t>(a), reinterpret_cast<uint64_t>(b), 8}}});
   EXPECT_THAT(status, StatusIs(engine::CudaBuilt() ? absl::StatusCode::kNotFound
                                                    : absl::StatusCode::kUnimplemented));
   EXPECT_THAT(engine::CudaAlloc(0, 64).status(),

@@ -147,7 +147,8 @@ TEST_P(PullsTest, PartsOfAnObjectAtTheEdgesAndBadPartsGetTheirCodes) {
   s.into = Layout({{dr, 0, 110}});
   ASSERT_OK(b_->Pull(s).status());
   EXPECT_TRUE(std::equal(dst.bytes.begin(), dst.bytes.begin() + 10, src.bytes.begin()));
-  EXPECT_TRUE(std::equal(dst.bytes.begin() + 10, dst.bytes.begin() + 110, src.bytes.begin() + 5000));
+  EXPECT_TRUE(
+      std::equal(dst.bytes.begin() + 10, dst.bytes.begin() + 110, src.bytes.begin() + 5000));
   s.source_extents = {3};
   EXPECT_THAT(b_->Pull(s), StatusIs(absl::StatusCode::kOutOfRange));
   s.source_extents = {0};  // 1000 bytes into 110
@@ -235,15 +236,15 @@ TEST_P(PullsTest, BatchesAnswerEachPullAndMixGoodWithBad) {
     specs[i].object = absl::StrCat("b", i % 4);
     specs[i].into = Layout({{dr, i * 1000, 1000}});
   }
-  specs[4].object = "nothing";                    // no such object
-  specs[5].into = Layout({{dr, 7800, 1000}});     // outside the region
+  specs[4].object = "nothing";                 // no such object
+  specs[5].into = Layout({{dr, 7800, 1000}});  // outside the region
   auto results = b_->PullBatch(specs);
   ASSERT_EQ(results.size(), 6u);
   for (size_t i = 0; i < 4; ++i) {
     ASSERT_OK(results[i].status()) << i;
     const auto at = static_cast<ptrdiff_t>(i * 1000);
-    EXPECT_TRUE(std::equal(dst.bytes.begin() + at, dst.bytes.begin() + at + 1000,
-                           src.bytes.begin() + at));
+    EXPECT_TRUE(
+        std::equal(dst.bytes.begin() + at, dst.bytes.begin() + at + 1000, src.bytes.begin() + at));
   }
   EXPECT_THAT(results[4], StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(results[5], StatusIs(absl::StatusCode::kInvalidArgument));

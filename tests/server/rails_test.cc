@@ -19,10 +19,10 @@ namespace ferry {
 namespace {
 
 using json = nlohmann::json;
-using testing::TestBed;
 using ::testing::Contains;
 using ::testing::Each;
 using ::testing::Gt;
+using testing::TestBed;
 
 constexpr char kOctet[] = "application/octet-stream";
 
@@ -40,10 +40,12 @@ class RailsTest : public ::testing::Test {
     dir_ = std::filesystem::temp_directory_path() / ("rails-test-" + std::to_string(getpid()));
     std::filesystem::remove_all(dir_);
     for (TestBed::Side side : {TestBed::kA, TestBed::kB}) {
-      std::vector<std::string> args = {"--provider",       "tcp", "--rails", "0",
-                                       "--rail-stall-ms",  std::to_string(stall_ms),
-                                       "--rail-backoff-ms", "1000",
-                                       "--data-dir", (dir_ / (side == TestBed::kA ? "a" : "b")).string()};
+      std::vector<std::string> args = {
+          "--provider",        "tcp",
+          "--rails",           "0",
+          "--rail-stall-ms",   std::to_string(stall_ms),
+          "--rail-backoff-ms", "1000",
+          "--data-dir",        (dir_ / (side == TestBed::kA ? "a" : "b")).string()};
       for (size_t i = 0; i < (side == TestBed::kA ? a_rails : b_rails); ++i) {
         args.push_back("--domain");
         args.push_back(bed_->RailInterface(side, i));
@@ -86,8 +88,11 @@ class RailsTest : public ::testing::Test {
   json Pull(TestBed::Side to, const std::string& name, const std::string& as,
             bool replace = false) {
     const TestBed::Side from = to == TestBed::kA ? TestBed::kB : TestBed::kA;
-    const json body = {{"from", PeerUrl(from)}, {"object", name}, {"as", as},
-                       {"into", {{"device", "host"}}}, {"replace", replace}};
+    const json body = {{"from", PeerUrl(from)},
+                       {"object", name},
+                       {"as", as},
+                       {"into", {{"device", "host"}}},
+                       {"replace", replace}};
     auto r = Client(to).Post("/v1/pulls", body.dump(), "application/json");
     EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
     return r && r->status == 200 ? json::parse(r->body) : json();
@@ -276,7 +281,8 @@ TEST_F(RailsTest, NodesWithFourAndTwoRailsPullBothWays) {
 // and every byte is right; the rail carries traffic again once it is back. The source runs a
 // progress thread per rail, so the WRITEs of the lost rail move to other threads' rails.
 TEST_F(RailsTest, ASourceLinkDownBeforeOrDuringAPullFailsOverToTheOtherRails) {
-  ASSERT_NO_FATAL_FAILURE(Start(4, 100, 4, 4, 300, {"--progress-threads", "4", "--topology", "false"}));
+  ASSERT_NO_FATAL_FAILURE(
+      Start(4, 100, 4, 4, 300, {"--progress-threads", "4", "--topology", "false"}));
   Put(TestBed::kA, "probe", 1 << 20);
   ASSERT_TRUE(Pull(TestBed::kB, "probe", "probe-copy").is_object());  // first contact
   const std::string data = Put(TestBed::kA, "weights", 48 << 20);
@@ -318,7 +324,8 @@ TEST_F(RailsTest, ADestinationLinkDownBeforeOrDuringAPullFailsOverToTheOtherRail
 }
 
 TEST_F(RailsTest, TwoOfFourSourceLinksDownMidPullAndOneFlappingThreeTimes) {
-  ASSERT_NO_FATAL_FAILURE(Start(4, 100, 4, 4, 300, {"--progress-threads", "2", "--topology", "false"}));
+  ASSERT_NO_FATAL_FAILURE(
+      Start(4, 100, 4, 4, 300, {"--progress-threads", "2", "--topology", "false"}));
   Put(TestBed::kA, "probe", 1 << 20);
   ASSERT_TRUE(Pull(TestBed::kB, "probe", "probe-copy").is_object());
   const std::string data = Put(TestBed::kA, "weights", 48 << 20);
@@ -328,8 +335,8 @@ TEST_F(RailsTest, TwoOfFourSourceLinksDownMidPullAndOneFlappingThreeTimes) {
     ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, 1, false).ok());
     ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, 3, false).ok());
   });
-  EXPECT_THAT(two["failed_rails"].get<std::vector<size_t>>(),
-              ::testing::IsSupersetOf({1u, 3u})) << two;
+  EXPECT_THAT(two["failed_rails"].get<std::vector<size_t>>(), ::testing::IsSupersetOf({1u, 3u}))
+      << two;
   for (size_t r : {size_t{1}, size_t{3}}) ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, r, true).ok());
   ASSERT_NO_FATAL_FAILURE(ExpectRailCarriesAgain(1));
   ASSERT_NO_FATAL_FAILURE(ExpectRailCarriesAgain(3));
@@ -349,12 +356,15 @@ TEST_F(RailsTest, TwoOfFourSourceLinksDownMidPullAndOneFlappingThreeTimes) {
 }
 
 TEST_F(RailsTest, WithEveryRailDownAPullFailsWith503InTimeAndTheNodesRecover) {
-  ASSERT_NO_FATAL_FAILURE(Start(4, 200, 4, 4, 300, {"--progress-threads", "2", "--topology", "false"}));
+  ASSERT_NO_FATAL_FAILURE(
+      Start(4, 200, 4, 4, 300, {"--progress-threads", "2", "--topology", "false"}));
   Put(TestBed::kA, "probe", 1 << 20);
   ASSERT_TRUE(Pull(TestBed::kB, "probe", "probe-copy").is_object());
   const std::string data = Put(TestBed::kA, "weights", 16 << 20);
   for (size_t r = 0; r < 4; ++r) ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, r, false).ok());
-  const json body = {{"from", PeerUrl(TestBed::kA)}, {"object", "weights"}, {"as", "none"},
+  const json body = {{"from", PeerUrl(TestBed::kA)},
+                     {"object", "weights"},
+                     {"as", "none"},
                      {"into", {{"device", "host"}}}};
   const absl::Time start = absl::Now();
   auto r = Client(TestBed::kB).Post("/v1/pulls", body.dump(), "application/json");

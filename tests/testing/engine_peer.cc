@@ -1,5 +1,3 @@
-#include "wire/extents.h"
-#include "base/hex.h"
 #include "tests/testing/engine_peer.h"
 
 #include <cstdlib>
@@ -9,11 +7,13 @@
 #include <memory>
 
 #include "absl/synchronization/mutex.h"
-#include "engine/fabric.h"
+#include "base/hex.h"
 #include "base/status.h"
+#include "engine/fabric.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "tests/testing/pattern.h"
+#include "wire/extents.h"
 
 namespace ferry::testing {
 
@@ -67,13 +67,20 @@ int RunEnginePeer(int argc, char** argv) {
   uint8_t canary = 0xa5;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--provider") options.provider = value;
-    else if (flag == "--rails") options.rails = std::stoul(value);
-    else if (flag == "--domain") options.domains.push_back(value);
-    else if (flag == "--size") size = std::stoull(value);
-    else if (flag == "--canary") canary = static_cast<uint8_t>(std::stoul(value));
-    else if (flag == "--progress-threads") options.progress_threads = std::stoul(value);
-    else if (flag == "--wait-fds") options.wait_fds = value == "1";
+    if (flag == "--provider")
+      options.provider = value;
+    else if (flag == "--rails")
+      options.rails = std::stoul(value);
+    else if (flag == "--domain")
+      options.domains.push_back(value);
+    else if (flag == "--size")
+      size = std::stoull(value);
+    else if (flag == "--canary")
+      canary = static_cast<uint8_t>(std::stoul(value));
+    else if (flag == "--progress-threads")
+      options.progress_threads = std::stoul(value);
+    else if (flag == "--wait-fds")
+      options.wait_fds = value == "1";
   }
   auto state = std::make_shared<PeerState>();
   options.on_control = [state](std::string_view, std::string_view payload) {
@@ -123,10 +130,10 @@ int RunEnginePeer(int argc, char** argv) {
       if (c.ok()) counters[tag] = *c;
     } else if (cmd == "wait") {
       const uint64_t tag = req["tag"].get<uint64_t>();
-      absl::Status s = counters.count(tag) == 0
-                           ? absl::NotFoundError("no counter")
-                           : counters[tag]->Wait(absl::Now() + absl::Milliseconds(
-                                                                   req["timeout_ms"].get<int>()));
+      absl::Status s =
+          counters.count(tag) == 0
+              ? absl::NotFoundError("no counter")
+              : counters[tag]->Wait(absl::Now() + absl::Milliseconds(req["timeout_ms"].get<int>()));
       absl::MutexLock lock(&state->mu);
       reply = {{"ok", s.ok()}, {"fires", state->fires[tag]}};
     } else if (cmd == "fires") {

@@ -13,7 +13,8 @@ int FerrydProcess::Stop() {
 
 namespace {
 
-absl::StatusOr<FerrydProcess> Launch(const std::vector<std::string>& argv, const std::string& host) {
+absl::StatusOr<FerrydProcess> Launch(const std::vector<std::string>& argv,
+                                     const std::string& host) {
   FerrydProcess f;
   auto p = Subprocess::Spawn(argv, SIGTERM);
   if (!p.ok()) return p.status();

@@ -7,10 +7,10 @@
 #include <cerrno>
 #include <numeric>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
@@ -61,17 +61,20 @@ void RemoveLeftovers() {
       if (colon == absl::string_view::npos) continue;
       absl::string_view name = line.substr(colon + 2);
       name = name.substr(0, name.find_first_of("@:"));
-      if (name.size() < 4 || name.substr(0, 2) != "fh" || (name.back() != 'a' && name.back() != 'b')) {
+      if (name.size() < 4 || name.substr(0, 2) != "fh" ||
+          (name.back() != 'a' && name.back() != 'b')) {
         continue;
       }
-      if (Gone(name.substr(2, name.size() - 3))) (void)Run({"ip", "link", "del", std::string(name)});
+      if (Gone(name.substr(2, name.size() - 3)))
+        (void)Run({"ip", "link", "del", std::string(name)});
     }
   }
 }
 
 }  // namespace
 
-TestBed::TestBed(const TestBedOptions& options) : options_(options), tag_(std::to_string(getpid())) {
+TestBed::TestBed(const TestBedOptions& options)
+    : options_(options), tag_(std::to_string(getpid())) {
   ns_[kA] = absl::StrCat(kNsPrefix, tag_, "-a");
   ns_[kB] = absl::StrCat(kNsPrefix, tag_, "-b");
 }
@@ -152,8 +155,9 @@ absl::Status TestBed::Build() {
     // Rails share no subnet, and a source with more rails than its peer reaches the peer's
     // rails through its own first ones: answers come back on another veth (no reverse-path
     // filter).
-    if (absl::Status s = Run({"ip", "netns", "exec", ns_[side], "sh", "-c",
-                              "for f in /proc/sys/net/ipv4/conf/*/rp_filter; do echo 0 > $f; done"});
+    if (absl::Status s =
+            Run({"ip", "netns", "exec", ns_[side], "sh", "-c",
+                 "for f in /proc/sys/net/ipv4/conf/*/rp_filter; do echo 0 > $f; done"});
         !s.ok()) {
       return s;
     }
@@ -169,8 +173,9 @@ absl::Status TestBed::Build() {
   }
   auto link = [this](const std::string& a_if, const std::string& b_if, const std::string& a_addr,
                      const std::string& b_addr, int mtu) -> absl::Status {
-    if (absl::Status s = Run(Words(absl::StrCat("ip link add ", a_if, " netns ", ns_[kA],
-                                                " type veth peer name ", b_if, " netns ", ns_[kB])));
+    if (absl::Status s =
+            Run(Words(absl::StrCat("ip link add ", a_if, " netns ", ns_[kA],
+                                   " type veth peer name ", b_if, " netns ", ns_[kB])));
         !s.ok()) {
       return s;
     }
@@ -199,8 +204,8 @@ absl::Status TestBed::Build() {
   for (Side side : {kA, kB}) {
     const std::string host_if = HostInterface(side);
     const std::string host_addr = HostSubnet(side) + "1/24";
-    if (absl::Status s = Run(Words(absl::StrCat("ip link add ", host_if, " type veth peer name fh netns ",
-                                                ns_[side])));
+    if (absl::Status s = Run(Words(
+            absl::StrCat("ip link add ", host_if, " type veth peer name fh netns ", ns_[side])));
         !s.ok()) {
       return s;
     }
@@ -208,7 +213,8 @@ absl::Status TestBed::Build() {
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = Run(Words(absl::StrCat("ip link set ", host_if, " up"))); !s.ok()) return s;
+    if (absl::Status s = Run(Words(absl::StrCat("ip link set ", host_if, " up"))); !s.ok())
+      return s;
     if (absl::Status s = Ip(side, absl::StrCat("addr add ", HostAddress(side), "/24 dev fh"));
         !s.ok()) {
       return s;
@@ -224,9 +230,9 @@ absl::Status TestBed::Shape(size_t i, uint64_t mbit) {
   // Burst: 2 ms at the rate, and at least one 64 KiB GSO packet; the queue holds 50 ms.
   const uint64_t burst = std::max<uint64_t>(65536, mbit * 1000000 / 8 / 500);
   for (Side side : {kA, kB}) {
-    const std::string tc = absl::StrCat("tc -n ", ns_[side], " qdisc replace dev ",
-                                        RailInterface(side, i), " root tbf rate ", mbit,
-                                        "mbit burst ", burst, " latency 50ms");
+    const std::string tc =
+        absl::StrCat("tc -n ", ns_[side], " qdisc replace dev ", RailInterface(side, i),
+                     " root tbf rate ", mbit, "mbit burst ", burst, " latency 50ms");
     if (absl::Status s = Run(Words(tc)); !s.ok()) return s;
   }
   return absl::OkStatus();
@@ -240,7 +246,8 @@ absl::Status TestBed::SetRate(size_t i, uint64_t mbit) {
 absl::Status TestBed::SetRail(size_t i, bool up) {
   if (i >= options_.rails) return absl::InvalidArgumentError("no such rail");
   for (Side side : {kA, kB}) {
-    if (absl::Status s = Ip(side, absl::StrCat("link set ", RailInterface(side, i), up ? " up" : " down"));
+    if (absl::Status s =
+            Ip(side, absl::StrCat("link set ", RailInterface(side, i), up ? " up" : " down"));
         !s.ok()) {
       return s;
     }
@@ -250,14 +257,15 @@ absl::Status TestBed::SetRail(size_t i, bool up) {
 
 absl::Status TestBed::SetRailEnd(Side side, size_t i, bool up) {
   if (i >= options_.rails) return absl::InvalidArgumentError("no such rail");
-  RETURN_IF_ERROR(Ip(side, absl::StrCat("link set ", RailInterface(side, i), up ? " up" : " down")));
+  RETURN_IF_ERROR(
+      Ip(side, absl::StrCat("link set ", RailInterface(side, i), up ? " up" : " down")));
   return up ? WaitUntilUp({i}) : absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> TestBed::TxBytes(Side side, size_t i) {
   if (i >= options_.rails) return absl::InvalidArgumentError("no such rail");
   ASSIGN_OR_RETURN(std::string out, RunCommand({"ip", "-n", ns_[side], "-s", "-j", "link", "show",
-                                               "dev", RailInterface(side, i)}));
+                                                "dev", RailInterface(side, i)}));
   auto j = nlohmann::json::parse(out, nullptr, false);
   if (j.is_discarded() || !j.is_array() || j.empty() || !j[0].contains("stats64")) {
     return absl::InternalError("ip -s -j link: unexpected output: " + out);

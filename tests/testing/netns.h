@@ -15,7 +15,7 @@
 namespace ferry::testing {
 
 struct TestBedOptions {
-  size_t rails = 1;       // veth pairs; at most 64
+  size_t rails = 1;          // veth pairs; at most 64
   uint64_t rate_mbit = 500;  // tbf rate per rail and direction; 0: unshaped
   int mtu = 9000;
 };

@@ -62,9 +62,8 @@ std::vector<uint64_t> RandomPieces(std::mt19937_64& rng, uint64_t total, uint64_
   return pieces;
 }
 
-std::vector<Extent> RandomSourceLayout(std::mt19937_64& rng,
-                                               const std::vector<uint64_t>& pieces,
-                                               uint64_t region_size) {
+std::vector<Extent> RandomSourceLayout(std::mt19937_64& rng, const std::vector<uint64_t>& pieces,
+                                       uint64_t region_size) {
   std::vector<Extent> out;
   for (uint64_t n : pieces) {
     out.push_back({0, std::uniform_int_distribution<uint64_t>(0, region_size - n)(rng), n});
@@ -73,8 +72,8 @@ std::vector<Extent> RandomSourceLayout(std::mt19937_64& rng,
 }
 
 std::vector<Extent> RandomDestinationLayout(std::mt19937_64& rng,
-                                                    const std::vector<uint64_t>& pieces,
-                                                    uint64_t max_gap, uint64_t* region_size) {
+                                            const std::vector<uint64_t>& pieces, uint64_t max_gap,
+                                            uint64_t* region_size) {
   std::vector<size_t> order(pieces.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::shuffle(order.begin(), order.end(), rng);
@@ -90,7 +89,7 @@ std::vector<Extent> RandomDestinationLayout(std::mt19937_64& rng,
 }
 
 std::vector<Extent> ScatteredLayout(std::mt19937_64& rng, uint64_t count, uint64_t piece,
-                                            uint64_t stride) {
+                                    uint64_t stride) {
   std::vector<uint64_t> slots(count);
   for (uint64_t i = 0; i < count; ++i) slots[i] = i;
   std::shuffle(slots.begin(), slots.end(), rng);
@@ -107,15 +106,23 @@ std::string VerifyTransfer(uint64_t seed, const std::vector<Extent>& src,
   size_t si = 0, di = 0;
   uint64_t s_used = 0, d_used = 0, k = 0;
   while (si < src.size() && di < dst.size()) {
-    if (src[si].length == s_used) { ++si; s_used = 0; continue; }
-    if (dst[di].length == d_used) { ++di; d_used = 0; continue; }
+    if (src[si].length == s_used) {
+      ++si;
+      s_used = 0;
+      continue;
+    }
+    if (dst[di].length == d_used) {
+      ++di;
+      d_used = 0;
+      continue;
+    }
     const uint64_t n = std::min(src[si].length - s_used, dst[di].length - d_used);
     const uint64_t d_off = dst[di].offset + d_used, s_off = src[si].offset + s_used;
     if (d_off + n > dst_size) return absl::StrCat("destination extent past the region");
     const uint64_t bad = FirstPatternMismatch(seed, s_off, dst_buf + d_off, n);
     if (bad != n) {
-      return absl::StrCat("transfer byte ", k + bad, " (destination offset ", d_off + bad,
-                          ") is ", dst_buf[d_off + bad], ", want source byte at ", s_off + bad);
+      return absl::StrCat("transfer byte ", k + bad, " (destination offset ", d_off + bad, ") is ",
+                          dst_buf[d_off + bad], ", want source byte at ", s_off + bad);
     }
     s_used += n;
     d_used += n;

@@ -24,18 +24,17 @@ std::vector<uint64_t> RandomPieces(std::mt19937_64& rng, uint64_t total, uint64_
                                    uint64_t max_piece);
 // Source layout: the pieces at random offsets of a region of `region_size` bytes (they may
 // overlap: a source byte can be read twice).
-std::vector<Extent> RandomSourceLayout(std::mt19937_64& rng,
-                                               const std::vector<uint64_t>& pieces,
-                                               uint64_t region_size);
+std::vector<Extent> RandomSourceLayout(std::mt19937_64& rng, const std::vector<uint64_t>& pieces,
+                                       uint64_t region_size);
 // Destination layout: the pieces disjoint, in shuffled order, with random gaps. Returns the
 // region size it needs in *region_size.
 std::vector<Extent> RandomDestinationLayout(std::mt19937_64& rng,
-                                                    const std::vector<uint64_t>& pieces,
-                                                    uint64_t max_gap, uint64_t* region_size);
+                                            const std::vector<uint64_t>& pieces, uint64_t max_gap,
+                                            uint64_t* region_size);
 // `count` pieces of `piece` bytes, each at a distinct slot of a region of count*stride bytes,
 // in shuffled order (the "scattered" benchmark layout).
 std::vector<Extent> ScatteredLayout(std::mt19937_64& rng, uint64_t count, uint64_t piece,
-                                            uint64_t stride);
+                                    uint64_t stride);
 
 // Checks a destination buffer after a transfer: every byte inside `dst` equals the source
 // pattern byte it came from (through `src`), every byte outside equals `canary`. Returns ""

@@ -26,8 +26,7 @@ MATCHER_P(StatusIs, code, "has status code " + ::testing::PrintToString(code)) {
 MATCHER_P2(StatusIs, code, message, "has status code " + ::testing::PrintToString(code)) {
   const absl::Status& s = ::ferry::testing::GetStatus(arg);
   *result_listener << "status is " << s.ToString();
-  return s.code() == code &&
-         ::testing::Matches(message)(std::string(s.message()));
+  return s.code() == code && ::testing::Matches(message)(std::string(s.message()));
 }
 
 MATCHER(IsOk, "is OK") {

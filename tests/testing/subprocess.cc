@@ -23,8 +23,8 @@ extern char** environ;
 
 namespace ferry::testing {
 
-absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
-    const std::vector<std::string>& argv, int stop_signal) {
+absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<std::string>& argv,
+                                                              int stop_signal) {
   int in[2], out[2];
   if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe2: ", strerror(errno)));
@@ -153,8 +153,8 @@ absl::StatusOr<std::string> RunCommand(const std::vector<std::string>& argv,
   }
   const int status = (*p)->Wait();
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return absl::InternalError(absl::StrCat("`", absl::StrJoin(argv, " "), "` failed (status ",
-                                            status, "): ", out));
+    return absl::InternalError(
+        absl::StrCat("`", absl::StrJoin(argv, " "), "` failed (status ", status, "): ", out));
   }
   return out;
 }

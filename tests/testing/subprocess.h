@@ -17,9 +17,10 @@ namespace ferry::testing {
 
 class Subprocess {
  public:
-  // Starts argv[0] (a path, or a name looked up in PATH) with argv (posix_spawnp: no fork of a process that may hold CUDA or
-  // libfabric state). stderr is inherited. `stop_signal` is how the destructor asks the child
-  // to finish: 0 for a child that ends when its stdin closes, else a signal (SIGTERM).
+  // Starts argv[0] (a path, or a name looked up in PATH) with argv (posix_spawnp: no fork of a
+  // process that may hold CUDA or libfabric state). stderr is inherited. `stop_signal` is how the
+  // destructor asks the child to finish: 0 for a child that ends when its stdin closes, else a
+  // signal (SIGTERM).
   static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(const std::vector<std::string>& argv,
                                                            int stop_signal = 0);
   // Closes the child's stdin, sends the stop signal and reaps it; one still running 10 s later

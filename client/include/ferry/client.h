@@ -74,8 +74,7 @@ class Client {
   absl::StatusOr<ObjectInfo> Stat(const std::string& name,
                                   std::optional<uint64_t> version = std::nullopt,
                                   bool with_extents = true);
-  absl::StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix = "",
-                                               size_t limit = 1000);
+  absl::StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix = "", size_t limit = 1000);
   // Every version of `name`, and the buffers the node allocated for it (Put, Pull into a
   // device) that no other object uses.
   absl::Status Remove(const std::string& name);

@@ -55,13 +55,13 @@ FERRY_API const char* ferry_version(void);
 /* A layout (ferry/layout.h): runs of pieces of registered regions, in order. */
 enum ferry_run_kind { FERRY_RUN_EXTENT = 0, FERRY_RUN_STRIDED = 1, FERRY_RUN_PAGES = 2 };
 typedef struct ferry_run {
-  uint32_t kind;    /* enum ferry_run_kind */
-  uint32_t unused;  /* 0 */
+  uint32_t kind;   /* enum ferry_run_kind */
+  uint32_t unused; /* 0 */
   uint64_t region;
-  uint64_t offset;  /* EXTENT, STRIDED: the first piece's; PAGES: the pool's start */
-  uint64_t piece;   /* bytes per piece (PAGES: the page size) */
-  uint64_t stride;  /* STRIDED: from one piece's start to the next's */
-  uint64_t count;   /* STRIDED: pieces; PAGES: page ids taken in turn from page_ids */
+  uint64_t offset; /* EXTENT, STRIDED: the first piece's; PAGES: the pool's start */
+  uint64_t piece;  /* bytes per piece (PAGES: the page size) */
+  uint64_t stride; /* STRIDED: from one piece's start to the next's */
+  uint64_t count;  /* STRIDED: pieces; PAGES: page ids taken in turn from page_ids */
 } ferry_run;
 typedef struct ferry_layout {
   const ferry_run* runs;
@@ -73,22 +73,23 @@ typedef struct ferry_layout {
 /* A pull (ferry/pull.h). Zero it, then set what it needs. Where the bytes go, exactly one
  * of: new_buffer_device, `into` (runs), `prepared`. */
 typedef struct ferry_pull_spec {
-  const char* from;    /* the source node, http://host:port; NULL or "": a holder the directory names */
+  const char*
+      from; /* the source node, http://host:port; NULL or "": a holder the directory names */
   const char* object;
-  uint64_t version;    /* 0: the latest */
+  uint64_t version;                    /* 0: the latest */
   uint64_t range_offset, range_length; /* part of the object when range_length > 0 */
   const uint32_t* source_extents;      /* or these extents of it, in this order */
   size_t n_source_extents;
   const char* new_buffer_device; /* "host" or "cuda:N": a new buffer, published as `as` */
   const char* as;                /* NULL: the object's name */
   int replace;
-  int durable;                   /* 0: ephemeral (the new buffer's object) */
+  int durable; /* 0: ephemeral (the new buffer's object) */
   ferry_layout into;
-  uint64_t prepared;             /* a handle of ferry_node_prepare */
-  const uint32_t* indices;       /* its pieces to fill (NULL: all) */
+  uint64_t prepared;       /* a handle of ferry_node_prepare */
+  const uint32_t* indices; /* its pieces to fill (NULL: all) */
   size_t n_indices;
-  const char* path;              /* NULL or "auto", "rdma", "cuda_ipc", "staged" */
-  uint64_t timeout_ms;           /* 0: the node's default */
+  const char* path;    /* NULL or "auto", "rdma", "cuda_ipc", "staged" */
+  uint64_t timeout_ms; /* 0: the node's default */
 } ferry_pull_spec;
 
 /* What a pull did (ferry::PullStats). */
@@ -97,9 +98,9 @@ typedef struct ferry_pull_stats {
   uint64_t bytes;
   double seconds;
   uint64_t rerouted_writes;
-  uint64_t region;  /* the new buffer's region id, for a pull into one; else 0 */
-  char path[16];    /* "rdma", "cuda_ipc", "staged" */
-  char via[16];     /* "fabric", "http", "local" */
+  uint64_t region; /* the new buffer's region id, for a pull into one; else 0 */
+  char path[16];   /* "rdma", "cuda_ipc", "staged" */
+  char via[16];    /* "fabric", "http", "local" */
 } ferry_pull_stats;
 
 /* ---- A node's HTTP API (ferry::Client) ---- */
@@ -116,8 +117,7 @@ FERRY_API int ferry_client_put(ferry_client* c, const char* name, const void* da
 /* Uploads the file at `path`; with `safetensors`, a safetensors checkpoint: its tensors' bytes,
  * with their table as the meta (docs/tensors.md). */
 FERRY_API int ferry_client_put_file(ferry_client* c, const char* name, const char* path,
-                                    const char* device, int replace, int safetensors,
-                                    char** info);
+                                    const char* device, int replace, int safetensors, char** info);
 /* The object's bytes (version 0: the latest) in *data (ferry_free it), *size of them. */
 FERRY_API int ferry_client_get(ferry_client* c, const char* name, uint64_t version, char** data,
                                size_t* size);
@@ -157,8 +157,7 @@ FERRY_API int ferry_node_describe(ferry_node* n, const char* name, char** info);
 FERRY_API int ferry_node_remove(ferry_node* n, const char* name);
 FERRY_API int ferry_node_prepare(ferry_node* n, const ferry_layout* layout, uint64_t* handle);
 FERRY_API int ferry_node_release(ferry_node* n, uint64_t handle);
-FERRY_API int ferry_node_pull(ferry_node* n, const ferry_pull_spec* spec,
-                              ferry_pull_stats* stats);
+FERRY_API int ferry_node_pull(ferry_node* n, const ferry_pull_spec* spec, ferry_pull_stats* stats);
 /* Returns once the request is on its way; *out is freed with ferry_pull_free. */
 FERRY_API int ferry_node_pull_async(ferry_node* n, const ferry_pull_spec* spec, ferry_pull** out);
 /* timeout_ms < 0: until it ends. FERRY_DEADLINE_EXCEEDED when it has not (it goes on). */

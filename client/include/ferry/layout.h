@@ -52,8 +52,8 @@ class Layout {
   // page i is [offset + i * page_size, + page_size).
   Layout& AddPages(uint64_t region, uint64_t offset, uint64_t page_size,
                    const std::vector<uint32_t>& pages) {
-    runs_.push_back({Run::Kind::kPages, region, offset, page_size, 0, pages.size(),
-                     page_ids_.size()});
+    runs_.push_back(
+        {Run::Kind::kPages, region, offset, page_size, 0, pages.size(), page_ids_.size()});
     page_ids_.insert(page_ids_.end(), pages.begin(), pages.end());
     bytes_ += page_size * pages.size();
     pieces_ += pages.size();
@@ -76,11 +76,13 @@ class Layout {
           f(Extent{r.region, r.offset, r.piece});
           break;
         case Run::Kind::kStrided:
-          for (uint64_t i = 0; i < r.count; ++i) f(Extent{r.region, r.offset + i * r.stride, r.piece});
+          for (uint64_t i = 0; i < r.count; ++i)
+            f(Extent{r.region, r.offset + i * r.stride, r.piece});
           break;
         case Run::Kind::kPages:
           for (uint64_t i = 0; i < r.count; ++i) {
-            f(Extent{r.region, r.offset + uint64_t{page_ids_[r.first_page + i]} * r.piece, r.piece});
+            f(Extent{r.region, r.offset + uint64_t{page_ids_[r.first_page + i]} * r.piece,
+                     r.piece});
           }
           break;
       }

@@ -16,10 +16,10 @@ namespace ferry {
 
 struct TensorEntry {
   std::string name;
-  std::string dtype;            // safetensors' names: F32, BF16, I64, U8, BOOL, ...
+  std::string dtype;  // safetensors' names: F32, BF16, I64, U8, BOOL, ...
   std::vector<uint64_t> shape;
-  uint64_t offset = 0;          // bytes into the object
-  uint64_t length = 0;          // bytes: the shape's elements times the dtype's size
+  uint64_t offset = 0;  // bytes into the object
+  uint64_t length = 0;  // bytes: the shape's elements times the dtype's size
 };
 
 // Bytes per element of `dtype`; 0 for a name ferry does not know.

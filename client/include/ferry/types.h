@@ -57,12 +57,12 @@ struct Extent {
 // One version of a named object as a node describes it.
 struct ObjectInfo {
   std::string name;
-  uint64_t version = 0;  // 1, 2, ... per name
-  uint64_t size = 0;     // bytes
-  int64_t created_ms = 0;  // publish time, Unix milliseconds
-  bool durable = true;     // in the catalog on disk (false: in memory, gone at restart)
-  bool detached = false;   // a region of its layout is not registered (since a restart)
-  bool on_rails = true;    // every region of its layout is registered on the rails
+  uint64_t version = 0;         // 1, 2, ... per name
+  uint64_t size = 0;            // bytes
+  int64_t created_ms = 0;       // publish time, Unix milliseconds
+  bool durable = true;          // in the catalog on disk (false: in memory, gone at restart)
+  bool detached = false;        // a region of its layout is not registered (since a restart)
+  bool on_rails = true;         // every region of its layout is registered on the rails
   std::vector<Device> devices;  // where its extents live, each once
   std::vector<Extent> extents;  // its layout (empty when asked for without)
   std::string meta;  // what its publisher attached: JSON text, at most kMaxMeta bytes; or empty
