@@ -223,8 +223,8 @@ void Rail::ProbeCuda(bool dmabuf) {
   attr.device.cuda = 0;
   // Only where the provider addresses registered memory by virtual address: libfabric 2.6's
   // util MR map (shm, tcp) keeps a wrong offset for a dma-buf otherwise, and WRITEs into it
-  // land elsewhere (seen with shm: 1 GiB arrived with every page wrong). Those providers turn
-  // a dma-buf back into its address anyway; what needs one is a NIC that imports it (EFA).
+  // land elsewhere (docs/benchmarks.md). Those providers turn a dma-buf back into its address
+  // anyway; what needs one is a NIC that imports it (EFA).
   ri.hmem_dmabuf = dmabuf && (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0 &&
                    RegisterDmabuf(attr, *buf, kProbeBytes, &probe) == 0;
   if (probe != nullptr) CloseFid(&probe->fid, "fi_close(mr)");
