@@ -511,8 +511,9 @@ class Node {
   // Submits the transfer of an rdma pull to `peer`; once more, on a fresh peer, when every rail
   // failed on the first try.
   absl::Status SubmitRdma(const std::shared_ptr<RdmaPull>& rdma, engine::PeerId peer);
-  // Drops what this node keeps of a peer that failed (its engine peer goes too).
-  void ForgetPeer(const std::string& node);
+  // Drops what this node keeps of `node` when its peer `failed` is still the current one (its
+  // engine peer goes too, at the next PeerFor).
+  void ForgetPeer(const std::string& node, engine::PeerId failed);
   // Engine control messages: node messages over the fabric.
   void OnControl(std::string_view sender, std::string_view payload);
 

@@ -462,7 +462,7 @@ void Node::ServePull(const PeerAddress& from, uint64_t id, wire::PullRequest req
     if (path == PullPath::kStaged) {
       if (!req.staged) return absl::InvalidArgumentError("the staged path needs a staging ring");
       auto s = ServeStaged(*object, source, peer, req.staging, deadline);
-      if (absl::IsUnavailable(s.status())) ForgetPeer(from.node);
+      if (absl::IsUnavailable(s.status())) ForgetPeer(from.node, peer);
       RETURN_IF_ERROR(s.status());
       finish(stats_of(*std::move(s)));
       return absl::OkStatus();
@@ -493,7 +493,7 @@ absl::Status Node::SubmitRdma(const std::shared_ptr<RdmaPull>& rdma, engine::Pee
   t.deadline = rdma->deadline;
   t.dst_regions = *target.regions;
   t.dst = std::move(target.extents);
-  t.on_done = [this, rdma](const absl::StatusOr<engine::TransferStats>& r) {
+  t.on_done = [this, rdma, peer](const absl::StatusOr<engine::TransferStats>& r) {
     if (!r.ok()) {
       if (rdma->gpu && !absl::IsCancelled(r.status()) && !absl::IsDeadlineExceeded(r.status())) {
         return rdma->finish(absl::FailedPreconditionError(
@@ -501,7 +501,7 @@ absl::Status Node::SubmitRdma(const std::shared_ptr<RdmaPull>& rdma, engine::Pee
                          "); use the staged path")));
       }
       if (!absl::IsUnavailable(r.status())) return rdma->finish(r.status());
-      ForgetPeer(rdma->from.node);
+      ForgetPeer(rdma->from.node, peer);
       // Every rail failed: connections the provider had shut down while a link was away
       // fail the first WRITEs after it is back. Once more, on a fresh peer, unless time is up.
       if (rdma->attempts > 1 || absl::Now() + absl::Seconds(1) > rdma->deadline) {
@@ -550,16 +550,23 @@ absl::Status Node::SubmitRdma(const std::shared_ptr<RdmaPull>& rdma, engine::Pee
   if (rdma->served->cancelled) {
     return absl::CancelledError(absl::StrCat("pull ", rdma->id, " was cancelled"));
   }
-  ASSIGN_OR_RETURN(engine::Transfer transfer, engine_->Submit(std::move(t)));
-  rdma->served->transfer = std::move(transfer);
+  absl::StatusOr<engine::Transfer> transfer = engine_->Submit(std::move(t));
+  if (absl::IsNotFound(transfer.status())) {
+    // Another pull of this node found `peer` failed and replaced it since it was looked up.
+    return absl::UnavailableError(absl::StrCat("node ", rdma->from.node, ": its peer ", peer,
+                                               " was replaced: ", transfer.status().message()));
+  }
+  RETURN_IF_ERROR(transfer.status());
+  rdma->served->transfer = *std::move(transfer);
   return absl::OkStatus();
 }
 
-void Node::ForgetPeer(const std::string& node) {
-  // The next PeerFor replaces it (its engine peer too) with a fresh one, warmed anew.
+void Node::ForgetPeer(const std::string& node, engine::PeerId failed) {
+  // The next PeerFor replaces it (its engine peer too) with a fresh one, warmed anew. A failure
+  // of a peer already replaced says nothing about its successor, which other pulls may be using.
   absl::MutexLock lock(&served_mu_);
   auto it = peers_.find(node);
-  if (it != peers_.end()) it->second->stale = true;
+  if (it != peers_.end() && it->second->id == failed) it->second->stale = true;
 }
 
 absl::StatusOr<Node::PullTarget> Node::ResolveTarget(const std::string& sender,
