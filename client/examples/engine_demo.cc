@@ -1,35 +1,36 @@
-// ferry-demo: the engine's main job on one machine. This process is the destination: it
-// registers a buffer and asks a second process (the source, this program started again with
-// --role source) to pull a non-contiguous object into a non-contiguous layout of its buffer.
-// The source WRITEs the bytes over libfabric (tcp provider on loopback by default), the
-// destination checks every byte and prints what happened and how fast.
+// ferry-engine-demo: the engine alone, two processes on one machine. This process is the
+// destination: it registers a buffer, opens it to WRITEs, and asks a second process (forked
+// before either has an engine) to move a non-contiguous object into a scattered layout of that
+// buffer. The source WRITEs the bytes over libfabric (tcp on loopback by default); the
+// destination checks every byte, and that none outside the layout changed, and prints what
+// happened and how fast. The two talk over a pair of pipes, in the engine's own binary forms of
+// a peer address and a region descriptor (wire/region.h).
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <iostream>
+#include <memory>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
-#include "base/status.h"
+#include "base/bytes.h"
 #include "engine/engine.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
-#include "tests/testing/engine_peer.h"
-#include "tests/testing/pattern.h"
-#include "tests/testing/subprocess.h"
+#include "wire/region.h"
 
 namespace {
 
-using ferry::Extent;
-constexpr uint64_t kSeed = 0xde770;
+constexpr uint8_t kCanary = 0xa5;  // what the destination buffer holds outside the layout
 
 struct Flags {
-  std::string role = "destination";
   std::string provider = "tcp";
   std::string domain = "lo";
   size_t rails = 4;
@@ -39,6 +40,95 @@ struct Flags {
   int repeat = 3;
 };
 
+// One piece of the object: where it is in the source's buffer and where it goes.
+struct Piece {
+  uint64_t src = 0, dst = 0, length = 0;
+};
+
+// The source's byte at offset `o` of its buffer.
+uint8_t SourceByte(uint64_t o) { return static_cast<uint8_t>((o ^ (o >> 8) ^ (o >> 19)) * 131); }
+
+// `size` bytes in pieces of min..max bytes, in order with gaps of up to 4 KiB in the source's
+// buffer; shuffled, each at a 4 KiB boundary with a gap of at most 4 KiB before it, in the
+// destination's. Sets the sizes of both buffers.
+std::vector<Piece> MakeLayout(const Flags& f, std::mt19937_64& rng, uint64_t* src_size,
+                              uint64_t* dst_size) {
+  std::vector<Piece> pieces;
+  std::uniform_int_distribution<uint64_t> length(f.min_piece, f.max_piece), gap(0, 4096);
+  uint64_t at = 0;
+  for (uint64_t left = f.size; left > 0;) {
+    const uint64_t n = std::min(left, length(rng));
+    pieces.push_back({at, 0, n});
+    at += n + gap(rng);
+    left -= n;
+  }
+  *src_size = at;
+  std::vector<size_t> order(pieces.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), rng);
+  at = 0;
+  for (size_t i : order) {
+    at = (at + gap(rng) + 4095) / 4096 * 4096;
+    pieces[i].dst = at;
+    at += pieces[i].length;
+  }
+  *dst_size = at;
+  return pieces;
+}
+
+// Empty when `buf` holds every piece where it should and the canary everywhere else.
+std::string Verify(const std::vector<Piece>& pieces, const uint8_t* buf, uint64_t size) {
+  std::vector<Piece> by_dst = pieces;
+  std::sort(by_dst.begin(), by_dst.end(),
+            [](const Piece& a, const Piece& b) { return a.dst < b.dst; });
+  uint64_t at = 0;
+  auto canary_up_to = [&](uint64_t end) -> std::string {
+    for (; at < end; ++at) {
+      if (buf[at] != kCanary) return "byte " + std::to_string(at) + " outside the layout changed";
+    }
+    return "";
+  };
+  for (const Piece& p : by_dst) {
+    if (std::string err = canary_up_to(p.dst); !err.empty()) return err;
+    for (uint64_t i = 0; i < p.length; ++i) {
+      if (buf[p.dst + i] != SourceByte(p.src + i)) {
+        return "byte " + std::to_string(p.dst + i) + " is not source byte " +
+               std::to_string(p.src + i);
+      }
+    }
+    at = p.dst + p.length;
+  }
+  return canary_up_to(size);
+}
+
+// A frame on a pipe: its length (8 bytes, host order), then its bytes.
+bool WriteFrame(int fd, const std::string& data) {
+  std::string frame(8, '\0');
+  const uint64_t n = data.size();
+  memcpy(frame.data(), &n, 8);
+  frame += data;
+  for (size_t done = 0; done < frame.size();) {
+    const ssize_t w = write(fd, frame.data() + done, frame.size() - done);
+    if (w <= 0) return false;
+    done += static_cast<size_t>(w);
+  }
+  return true;
+}
+bool ReadExactly(int fd, char* out, size_t n) {
+  for (size_t done = 0; done < n;) {
+    const ssize_t r = read(fd, out + done, n - done);
+    if (r <= 0) return false;
+    done += static_cast<size_t>(r);
+  }
+  return true;
+}
+bool ReadFrame(int fd, std::string* data) {
+  uint64_t n = 0;
+  if (!ReadExactly(fd, reinterpret_cast<char*>(&n), 8) || n > (1u << 30)) return false;
+  data->resize(n);
+  return ReadExactly(fd, data->data(), n);
+}
+
 std::unique_ptr<ferry::engine::Engine> MakeEngine(const Flags& f) {
   ferry::engine::EngineOptions o;
   o.provider = f.provider;
@@ -46,145 +136,134 @@ std::unique_ptr<ferry::engine::Engine> MakeEngine(const Flags& f) {
   o.rails = f.rails;
   auto e = ferry::engine::Engine::Create(o);
   if (!e.ok()) {
-    std::cerr << "engine: " << e.status() << "\n";
+    std::fprintf(stderr, "engine: %s\n", e.status().ToString().c_str());
     std::exit(1);
   }
-  return std::move(*e);
+  return *std::move(e);
 }
 
-// The source: publishes nothing by itself; it reads one pull request (destination address,
-// region descriptor, both layouts) from stdin, WRITEs, and answers with the stats.
-int RunSource(const Flags& f) {
+// The source: reads the request (the destination's address and region, the layout and how
+// many times), fills its buffer, WRITEs, and answers with the stats as JSON.
+int RunSource(const Flags& f, int in, int out) {
+  std::string request;
+  if (!ReadFrame(in, &request)) return 1;
+  ferry::ByteReader r(request);
+  ferry::PeerAddress address;
+  ferry::RegionDescriptor region;
+  uint64_t src_size = 0, count = 0, repeat = 0;
+  if (!ferry::Decode(r, &address).ok() || !ferry::Decode(r, &region).ok() || !r.U64(&src_size) ||
+      !r.U64(&repeat) || !r.U64(&count)) {
+    return 1;
+  }
   auto engine = MakeEngine(f);
-  std::string line;
-  if (!std::getline(std::cin, line)) return 1;
-  auto req = nlohmann::json::parse(line);
-  const uint64_t src_size = req["src_size"].get<uint64_t>();
-  auto* buf = static_cast<uint8_t*>(std::aligned_alloc(4096, (src_size + 4095) / 4096 * 4096));
-  ferry::testing::FillPattern(kSeed, 0, buf, src_size);
-  auto region = engine->RegisterMemory(buf, src_size, ferry::Device::Host());
-  auto address = ferry::testing::AddressFromJson(req["address"]);
-  auto dst = ferry::RegionDescriptorFromJson(req["region"]);
-  nlohmann::json reply;
-  absl::StatusOr<ferry::engine::TransferStats> stats = absl::UnknownError("not run");
-  if (region.ok() && address.ok() && dst.ok()) {
-    auto peer = engine->AddPeer(*address, absl::Now() + absl::Seconds(30));
-    if (peer.ok()) {
-      ferry::engine::TransferRequest t;
-      t.peer = *peer;
-      t.dst_regions = {*dst};
-      for (const auto& e : req["src"]) {
-        t.src.push_back({*region, e[0].get<uint64_t>(), e[1].get<uint64_t>()});
-      }
-      for (const auto& e : req["dst"]) t.dst.push_back({0, e[0], e[1]});
-      const int repeat = req["repeat"].get<int>();
-      nlohmann::json runs = nlohmann::json::array();
-      for (int i = 0; i < repeat; ++i) {
-        ferry::engine::TransferRequest one = t;
-        one.deadline = absl::Now() + absl::Seconds(120);
-        stats = engine->Write(std::move(one));
-        if (!stats.ok()) break;
-        runs.push_back(stats->seconds);
-      }
-      reply["runs"] = runs;
-    } else {
-      stats = peer.status();
+  std::vector<uint8_t> buf(src_size);
+  for (uint64_t o = 0; o < src_size; ++o) buf[o] = SourceByte(o);
+  nlohmann::json reply = {{"ok", false}};
+  auto mine = engine->RegisterMemory(buf.data(), buf.size(), ferry::Device::Host());
+  auto peer = engine->AddPeer(address, absl::Now() + absl::Seconds(30));
+  if (!mine.ok() || !peer.ok()) {
+    reply["error"] = (mine.ok() ? peer.status() : mine.status()).ToString();
+    WriteFrame(out, reply.dump());
+    return 1;
+  }
+  ferry::engine::TransferRequest t;
+  t.peer = *peer;
+  t.dst_regions = {region};
+  for (uint64_t i = 0; i < count; ++i) {
+    Piece p;
+    if (!r.U64(&p.src) || !r.U64(&p.dst) || !r.U64(&p.length)) return 1;
+    t.src.push_back({*mine, p.src, p.length});
+    t.dst.push_back({0, p.dst, p.length});
+  }
+  nlohmann::json runs = nlohmann::json::array();
+  for (uint64_t i = 0; i < repeat; ++i) {
+    ferry::engine::TransferRequest one = t;
+    one.deadline = absl::Now() + absl::Seconds(120);
+    auto stats = engine->Write(std::move(one));
+    if (!stats.ok()) {
+      reply["error"] = stats.status().ToString();
+      WriteFrame(out, reply.dump());
+      return 1;
     }
-  }
-  if (stats.ok()) {
+    runs.push_back(stats->seconds);
     reply.update({{"ok", true},
-                  {"bytes", stats->bytes},
                   {"writes", stats->writes},
-                  {"seconds", stats->seconds},
-                  {"bytes_per_rail", stats->bytes_per_rail}});
-  } else {
-    reply = {{"ok", false}, {"error", stats.status().ToString()}};
+                  {"bytes_per_rail", stats->bytes_per_rail},
+                  {"runs", runs}});
   }
-  std::cout << reply.dump() << std::endl;
-  engine.reset();
-  std::free(buf);
-  return stats.ok() ? 0 : 1;
+  return WriteFrame(out, reply.dump()) ? 0 : 1;
 }
 
-int RunDestination(const Flags& f, const std::string& self) {
+int RunDestination(const Flags& f, pid_t source, int to_source, int from_source) {
   std::mt19937_64 rng(static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
-  auto pieces = ferry::testing::RandomPieces(rng, f.size, f.min_piece, f.max_piece);
-  uint64_t dst_size = 0;
-  auto dst = ferry::testing::RandomDestinationLayout(rng, pieces, 4096, &dst_size);
-  const uint64_t src_size = f.size + f.size / 8;
-  auto src = ferry::testing::RandomSourceLayout(rng, pieces, src_size);
-
+  uint64_t src_size = 0, dst_size = 0;
+  const std::vector<Piece> pieces = MakeLayout(f, rng, &src_size, &dst_size);
   auto engine = MakeEngine(f);
-  auto* buf = static_cast<uint8_t*>(std::aligned_alloc(4096, (dst_size + 4095) / 4096 * 4096));
-  memset(buf, 0xa5, dst_size);
-  auto region = engine->RegisterMemory(buf, dst_size, ferry::Device::Host());
-  if (!region.ok()) {
-    std::cerr << "register: " << region.status() << "\n";
-    return 1;
-  }
+  std::vector<uint8_t> buf(dst_size, kCanary);
+  auto region = engine->RegisterMemory(buf.data(), buf.size(), ferry::Device::Host());
   // The source may WRITE into the buffer while the window is open.
-  auto window = engine->OpenWindow(*region, 0, dst_size);
+  auto window = region.ok() ? engine->OpenWindow(*region, 0, dst_size)
+                            : absl::StatusOr<ferry::engine::Window>(region.status());
   if (!window.ok()) {
-    std::cerr << "window: " << window.status() << "\n";
+    std::fprintf(stderr, "register: %s\n", window.status().ToString().c_str());
     return 1;
   }
-  std::printf("destination %s: %zu rails (%s, domain %s), buffer of %lu bytes registered\n",
+  std::printf("destination %s: %zu rails (%s, domain %s), buffer of %llu bytes registered\n",
               engine->node_id().c_str(), engine->rails().size(),
               engine->rails()[0].provider.c_str(), engine->rails()[0].domain.c_str(),
-              static_cast<unsigned long>(dst_size));
-  auto source =
-      ferry::testing::Subprocess::Spawn({self, "--role", "source", "--provider", f.provider,
-                                         "--domain", f.domain, "--rails", std::to_string(f.rails)});
-  if (!source.ok()) {
-    std::cerr << source.status() << "\n";
-    return 1;
-  }
+              static_cast<unsigned long long>(dst_size));
   std::printf(
-      "source process %d started; asking it to pull %lu bytes in %zu pieces "
-      "(%lu B to %lu B) into %zu scattered extents\n",
-      (*source)->pid(), static_cast<unsigned long>(f.size), pieces.size(),
-      static_cast<unsigned long>(f.min_piece), static_cast<unsigned long>(f.max_piece), dst.size());
+      "source process %d: asked to move %llu bytes in %zu pieces (%llu B to %llu B) into as "
+      "many scattered extents, %d times\n",
+      static_cast<int>(source), static_cast<unsigned long long>(f.size), pieces.size(),
+      static_cast<unsigned long long>(f.min_piece), static_cast<unsigned long long>(f.max_piece),
+      f.repeat);
+  std::string request;
+  ferry::ByteWriter w(&request);
+  ferry::Encode(engine->address(), w);
+  ferry::Encode(window->descriptor, w);
+  w.U64(src_size);
+  w.U64(static_cast<uint64_t>(f.repeat));
+  w.U64(pieces.size());
+  for (const Piece& p : pieces) {
+    w.U64(p.src);
+    w.U64(p.dst);
+    w.U64(p.length);
+  }
   const absl::Time start = absl::Now();
-  // WRITEs are coming until the source answers: keep polling the rails meanwhile.
+  // WRITEs are coming until the source answers: the rails are polled meanwhile.
   ferry::engine::AwakeToken awake = engine->KeepAwake();
-  auto reply = (*source)->Call({{"address", ferry::testing::AddressToJson(engine->address())},
-                                {"region", ferry::ToJson(window->descriptor)},
-                                {"src_size", src_size},
-                                {"src", ferry::testing::ExtentsToJson(src)},
-                                {"dst", ferry::testing::ExtentsToJson(dst)},
-                                {"repeat", f.repeat}},
-                               absl::Seconds(300));
+  std::string answer;
+  const bool answered = WriteFrame(to_source, request) && ReadFrame(from_source, &answer);
   const double wall = absl::ToDoubleSeconds(absl::Now() - start);
   awake = ferry::engine::AwakeToken();
-  if (!reply.ok() || !(*reply)["ok"].get<bool>()) {
-    std::cerr << "pull failed: "
-              << (reply.ok() ? (*reply)["error"].dump() : reply.status().ToString()) << "\n";
+  const auto reply = nlohmann::json::parse(answered ? answer : "{}", nullptr, false);
+  if (!reply.is_object() || !reply.value("ok", false)) {
+    std::fprintf(stderr, "pull failed: %s\n",
+                 answered ? reply.value("error", answer).c_str() : "the source did not answer");
     return 1;
   }
   int i = 0;
-  for (const auto& run : (*reply)["runs"]) {
+  for (const auto& run : reply["runs"]) {
     const double secs = run.get<double>();
     std::printf(
-        "pull %d: %lu bytes in %lu WRITEs over %zu rails in %.3f s: %.2f GB/s "
-        "(%.2f Gbit/s)\n",
-        ++i, static_cast<unsigned long>(f.size),
-        static_cast<unsigned long>((*reply)["writes"].get<uint64_t>()), f.rails, secs,
+        "pull %d: %llu bytes in %llu WRITEs over %zu rails in %.3f s: %.2f GB/s (%.2f "
+        "Gbit/s)\n",
+        ++i, static_cast<unsigned long long>(f.size),
+        static_cast<unsigned long long>(reply["writes"].get<uint64_t>()), f.rails, secs,
         static_cast<double>(f.size) / secs / 1e9, static_cast<double>(f.size) * 8 / secs / 1e9);
   }
-  std::printf("%.3f s from the request to the answer, source start-up included\n", wall);
-  std::printf("bytes per rail: %s\n", (*reply)["bytes_per_rail"].dump().c_str());
-  std::string err = ferry::testing::VerifyTransfer(kSeed, src, dst, buf, dst_size, 0xa5);
+  std::printf("%.3f s from the request to the answer, the source's start-up included\n", wall);
+  std::printf("bytes per rail: %s\n", reply["bytes_per_rail"].dump().c_str());
+  const std::string err = Verify(pieces, buf.data(), dst_size);
   if (!err.empty()) {
     std::printf("VERIFY FAILED: %s\n", err.c_str());
     return 1;
   }
   std::printf(
-      "verified: every one of the %lu bytes is the right source byte, and no byte "
+      "verified: every one of the %llu bytes is the right source byte, and no byte "
       "outside the extents changed\n",
-      static_cast<unsigned long>(f.size));
-  (*source)->Wait();
-  engine.reset();
-  std::free(buf);
+      static_cast<unsigned long long>(f.size));
   return 0;
 }
 
@@ -195,8 +274,6 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);
   Flags f;
   CLI::App app{"ferry engine demo: one process pulls a non-contiguous buffer from another"};
-  app.add_option("--role", f.role, "destination (default) or source (started by the demo)")
-      ->check(CLI::IsMember({"destination", "source"}));
   app.add_option("--provider", f.provider, "tcp or shm");
   app.add_option("--domain", f.domain, "libfabric domain (lo for tcp, shm for shm)");
   app.add_option("--rails", f.rails, "rails per engine");
@@ -205,13 +282,27 @@ int main(int argc, char** argv) {
   app.add_option("--max-piece", f.max_piece, "largest piece");
   app.add_option("--repeat", f.repeat, "pulls of the same object (the first is cold)");
   CLI11_PARSE(app, argc, argv);
-  if (f.role == "source") return RunSource(f);
-  if (f.size == 0 || f.min_piece == 0 || f.max_piece < f.min_piece || f.repeat < 1) {
-    std::cerr << "--size, --min-piece, --max-piece and --repeat must be positive, min <= max\n";
+  if (f.size == 0 || f.min_piece == 0 || f.max_piece < f.min_piece || f.repeat < 1 ||
+      f.rails == 0) {
+    std::fprintf(stderr,
+                 "--size, --min-piece, --max-piece, --repeat and --rails must be "
+                 "positive, min <= max\n");
     return 2;
   }
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return 1;
-  return RunDestination(f, std::string(self, static_cast<size_t>(n)));
+  int down[2], up[2];  // destination -> source, source -> destination
+  if (pipe(down) != 0 || pipe(up) != 0) return 1;
+  const pid_t source = fork();
+  if (source < 0) return 1;
+  if (source == 0) {
+    close(down[1]);
+    close(up[0]);
+    _exit(RunSource(f, down[0], up[1]));
+  }
+  close(down[0]);
+  close(up[1]);
+  const int rc = RunDestination(f, source, down[1], up[0]);
+  close(down[1]);  // a source still waiting for a request reads the end and exits
+  int status = 0;
+  waitpid(source, &status, 0);
+  return rc != 0 ? rc : (WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }

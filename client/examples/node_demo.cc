@@ -4,7 +4,11 @@
 // over RDMA WRITEs (libfabric tcp provider) and C pull it by name from a holder the directory
 // names; kills A and has D pull it by name from a replica; reads every copy back over REST,
 // checks every byte, prints what happened and how fast, and stops the nodes.
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <ostream>
 #include <random>
 #include <streambuf>
@@ -20,20 +25,84 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "ferry/client.h"
-#include "tests/testing/ferryd_process.h"
+#include "nlohmann/json.hpp"
 
 namespace {
 
-absl::StatusOr<ferry::testing::FerrydProcess> StartFerryd(const std::string& ferryd,
-                                                          const std::string& dir, size_t rails,
-                                                          std::vector<std::string> extra) {
-  std::vector<std::string> args = {"--data-dir", dir,  "--provider", "tcp",
-                                   "--domain",   "lo", "--rails",    std::to_string(rails)};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return ferry::testing::StartFerryd(ferryd, args);
-}
+// A ferryd child process; destroying it stops ferryd (SIGTERM, SIGKILL after 10 s).
+class Ferryd {
+ public:
+  Ferryd() = default;
+  Ferryd(const Ferryd&) = delete;
+  Ferryd& operator=(const Ferryd&) = delete;
+  ~Ferryd() {
+    if (pid_ > 0) Stop();
+  }
+  // Starts `ferryd --listen 127.0.0.1:0 ...` on loopback with its own data folder and reads the
+  // line it prints once it listens: {"listen":"127.0.0.1:PORT","node":"ID",...}.
+  static absl::StatusOr<std::unique_ptr<Ferryd>> Start(const std::string& ferryd,
+                                                       const std::string& dir, size_t rails,
+                                                       const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {
+        ferryd,     "--listen", "127.0.0.1:0", "--data-dir",         dir, "--provider", "tcp",
+        "--domain", "lo",       "--rails",     std::to_string(rails)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int out[2];
+    if (pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe2 failed");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    auto f = std::make_unique<Ferryd>();
+    const int rc = posix_spawn(&f->pid_, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(out[1]);
+    if (rc != 0) {
+      close(out[0]);
+      f->pid_ = 0;
+      return absl::InternalError(ferryd + ": " + std::strerror(rc));
+    }
+    // The first line, or nothing within 30 s (ferryd failed to start: it said why on stderr).
+    std::string line;
+    pollfd p = {out[0], POLLIN, 0};
+    char c = 0;
+    while (line.size() < 4096 && poll(&p, 1, 30000) == 1 && read(out[0], &c, 1) == 1 && c != '\n') {
+      line.push_back(c);
+    }
+    close(out[0]);  // ferryd's later output, if any, goes nowhere
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("listen") || !j.contains("node")) {
+      return absl::InternalError("ferryd did not start; it said: " + line);
+    }
+    f->url = "http://" + j["listen"].get<std::string>();
+    f->id = j["node"].get<std::string>();
+    return f;
+  }
+  // SIGTERM (or `signal`), then waits; the wait status (0 after a clean stop).
+  int Stop(int signal = SIGTERM) {
+    if (pid_ <= 0) return 0;
+    kill(pid_, signal);
+    int status = 0;
+    for (int i = 0; i < 1000 && waitpid(pid_, &status, WNOHANG) == 0; ++i) usleep(10000);
+    if (waitpid(pid_, &status, WNOHANG) == 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+    }
+    pid_ = 0;
+    return status;
+  }
+
+  std::string url;  // http://127.0.0.1:PORT
+  std::string id;   // the node id
+
+ private:
+  pid_t pid_ = 0;
+};
 
 // An ostream sink that checks what is written against `want` as it arrives, instead of
 // keeping a second copy: a 256 MiB ostringstream cost this machine 2.3-3.0 s of reallocations
@@ -155,20 +224,24 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(dir);
   // D keeps the directory; A, B and C join it with a 2 s lease, so that a node that dies leaves
   // it within 2 s.
-  auto d = StartFerryd(ferryd, (dir / "d").string(), rails, {"--serve-directory"});
-  if (!d.ok()) {
-    std::fprintf(stderr, "cannot start ferryd: %s\n", d.status().ToString().c_str());
+  auto started_d = Ferryd::Start(ferryd, (dir / "d").string(), rails, {"--serve-directory"});
+  if (!started_d.ok()) {
+    std::fprintf(stderr, "cannot start ferryd: %s\n", started_d.status().ToString().c_str());
     return 1;
   }
+  const std::unique_ptr<Ferryd> d = *std::move(started_d);
   const std::vector<std::string> join = {"--directory", d->url, "--directory-ttl-s", "2"};
-  auto a = StartFerryd(ferryd, (dir / "a").string(), rails, join);
-  auto b = StartFerryd(ferryd, (dir / "b").string(), rails, join);
-  auto c = StartFerryd(ferryd, (dir / "c").string(), rails, join);
-  if (!a.ok() || !b.ok() || !c.ok()) {
-    std::fprintf(stderr, "cannot start ferryd: %s %s %s\n", a.status().ToString().c_str(),
-                 b.status().ToString().c_str(), c.status().ToString().c_str());
-    return 1;
+  std::unique_ptr<Ferryd> started[3];
+  for (int i = 0; i < 3; ++i) {
+    auto n = Ferryd::Start(ferryd, (dir / std::string(1, static_cast<char>('a' + i))).string(),
+                           rails, join);
+    if (!n.ok()) {
+      std::fprintf(stderr, "cannot start ferryd: %s\n", n.status().ToString().c_str());
+      return 1;
+    }
+    started[i] = *std::move(n);
   }
+  const std::unique_ptr<Ferryd>&a = started[0], &b = started[1], &c = started[2];
   std::printf(
       "node A %s at %s, node B %s at %s, node C %s at %s, node D %s at %s keeping the "
       "directory (%zu tcp rails each, RocksDB catalogs in %s)\n",
@@ -261,8 +334,7 @@ int main(int argc, char** argv) {
     }
     std::printf("C: verified every byte\n");
 
-    a->proc->Kill(SIGKILL);
-    a->proc->Wait();
+    a->Stop(SIGKILL);
     a_alive = false;
     const absl::Time killed = absl::Now();
     std::printf("A: killed (SIGKILL)\n");
