@@ -898,6 +898,7 @@ TEST_F(FerrydTest, EveryAcknowledgedPublishSurvivesKillNine) {
   auto c = a_->Client();
   const uint64_t region = Upload(*a_, "base", RandomBytes(4096, 8));
   std::atomic<int> acked{0};
+  std::atomic<bool> writing{true};
   std::thread writer([&] {
     auto w = a_->Client();
     for (int i = 0; i < 5000; ++i) {
@@ -908,11 +909,17 @@ TEST_F(FerrydTest, EveryAcknowledgedPublishSurvivesKillNine) {
       if (!r || r->status != 201) break;
       acked = i + 1;
     }
+    writing = false;
   });
-  while (acked.load() < 50) absl::SleepFor(absl::Milliseconds(5));
+  // Killed once 50 are acknowledged and the writer goes on (or when it stopped, or after 60 s).
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (acked.load() < 50 && writing.load() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
   a_->Kill9();
   writer.join();
   const int n = acked.load();
+  ASSERT_GE(n, 50) << "the publishes failed before the kill";
   a_ = std::make_unique<Ferryd>(std::filesystem::temp_directory_path() /
                                 ("ferryd-test-" + std::to_string(getpid()) + "-a"));
   ASSERT_NO_FATAL_FAILURE(a_->Start());
