@@ -185,6 +185,9 @@ struct RailCounters {
   uint64_t failovers = 0;        // WRITEs moved off this rail after it failed
   uint64_t backoffs = 0;         // times the rail was rested for a peer
   uint64_t in_flight_bytes = 0;  // bytes of WRITEs posted and not completed
+  uint64_t full = 0;             // times posting stopped with WRITEs still queued: the rail's
+                                 // tx depth or bytes in flight reached, or -FI_EAGAIN
+  uint64_t peak_in_flight = 0;   // the most WRITEs it had in flight at once
   uint64_t immediates = 0;       // immediates that landed here (a WRITE's closing signal)
   uint64_t messages_sent = 0;    // control messages
   uint64_t messages_received = 0;

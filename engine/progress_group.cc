@@ -464,6 +464,8 @@ RailCounters ProgressGroup::counters(size_t i) const {
           .failovers = get(c.failovers),
           .backoffs = get(c.backoffs),
           .in_flight_bytes = get(c.posted_bytes) - done,
+          .full = get(c.full),
+          .peak_in_flight = get(c.peak_in_flight),
           .immediates = get(c.immediates),
           .messages_sent = get(c.messages_sent),
           .messages_received = get(c.messages_received)};
@@ -505,8 +507,8 @@ size_t ProgressGroup::PollCq(RailState& rs) {
     const fi_cq_data_entry& e = entries[i];
     auto* op = static_cast<OpBase*>(e.op_context);
     if (e.flags & FI_REMOTE_CQ_DATA) {
-      Count(rs.counts.immediates);
       engine_->OnImmediate(e.data);
+      Count(rs.counts.immediates);  // after its counter saw it: a count read means handled
       // With FI_RX_CQ_DATA the immediate consumed a posted receive: put it back.
       if (op != nullptr && op->kind == OpKind::kRecv) PostRecv(rs, *static_cast<RecvOp*>(op));
       continue;
@@ -599,6 +601,10 @@ bool ProgressGroup::PostWrites(size_t index) {
     }
     ++burst;
     ++rs.in_flight;  // counted before the post: `more` must know whether `next` fits
+    if (options_.counters &&
+        rs.in_flight > rs.counts.peak_in_flight.load(std::memory_order_relaxed)) {
+      rs.counts.peak_in_flight.store(rs.in_flight, std::memory_order_relaxed);  // one writer
+    }
     op->seq = ++rs.posts;
     rs.in_flight_bytes += op->length;
     const bool more = next != nullptr && burst < kPostBurst && room(next);
@@ -664,6 +670,7 @@ bool ProgressGroup::PostWrites(size_t index) {
     }
     op = next;
   }
+  if (op != nullptr) Count(rs.counts.full);  // no room under the caps, or -FI_EAGAIN
   return posted;
 }
 

@@ -302,7 +302,8 @@ class ProgressGroup {
     // RailCounters, as this thread counts them (posted_bytes - done_bytes: in flight).
     struct Counts {
       std::atomic<uint64_t> writes{0}, bytes{0}, write_errors{0}, failovers{0}, backoffs{0},
-          posted_bytes{0}, done_bytes{0}, immediates{0}, messages_sent{0}, messages_received{0};
+          posted_bytes{0}, done_bytes{0}, immediates{0}, messages_sent{0}, messages_received{0},
+          full{0}, peak_in_flight{0};
     } counts;
   };
 

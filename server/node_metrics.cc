@@ -67,6 +67,10 @@ std::string Node::Metrics() const {
        &engine::RailCounters::backoffs},
       {"ferry_rail_in_flight_bytes", "gauge", "Bytes of WRITEs posted and not completed.",
        &engine::RailCounters::in_flight_bytes},
+      {"ferry_rail_full_total", "counter",
+       "Times posting stopped with WRITEs queued: tx depth or bytes in flight reached, or the "
+       "provider's queue full.",
+       &engine::RailCounters::full},
       {"ferry_rail_received_writes_total", "counter",
        "WRITEs with immediate data (each transfer's closing ones) that landed here.",
        &engine::RailCounters::immediates},

@@ -140,6 +140,19 @@ class EngineTest : public ::testing::TestWithParam<Params> {
     EXPECT_TRUE(reply["ok"].get<bool>()) << reply["error"];
   }
 
+  // The peer's answer to "fires" for `tag` once its rails have seen `n` immediates land and
+  // handled them (asked every 5 ms, for at most 10 s).
+  absl::StatusOr<nlohmann::json> AwaitImmediates(uint64_t tag, uint64_t n) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (true) {
+      auto fires = peer_->Call({{"cmd", "fires"}, {"tag", tag}});
+      if (!fires.ok() || (*fires)["immediates"].get<uint64_t>() >= n || absl::Now() > give_up) {
+        return fires;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Subprocess> peer_;
   PeerAddress peer_address_;
@@ -261,6 +274,15 @@ TEST_P(EngineTest, WindowLargerThanTxDepthIsQueuedNotDropped) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(ok.load(), 4);
   ExpectVerified(src, dst);
+  // The WRITEs did queue: posting stopped with some waiting, and no rail ever had more than its
+  // depth in flight.
+  uint64_t full = 0;
+  for (const RailCounters& c : engine_->Counters()) {
+    full += c.full;
+    EXPECT_GT(c.peak_in_flight, 0u);
+    EXPECT_LE(c.peak_in_flight, 8u);
+  }
+  EXPECT_GT(full, 0u);
 }
 
 TEST_P(EngineTest, TransferToAnExitedPeerFailsWithinItsDeadlineAndEngineKeepsWorking) {
@@ -330,12 +352,13 @@ TEST_P(EngineTest, ImmediateCountersFireExactlyOnce) {
                        peer_->Call({{"cmd", "wait"}, {"tag", 77}, {"timeout_ms", 10000}}));
   EXPECT_TRUE(fired["ok"].get<bool>());
   EXPECT_EQ(fired["fires"], 1);
-  // A sixth does not fire it again.
+  // A sixth does not fire it again: once the peer has handled it (its rails count it after
+  // its counter saw it), the counter still fired once.
   auto req = Request({{0, 0, 4096}}, src_buf.region, {{0, 0, 4096}});
   req.immediate = 77;
   ASSERT_OK(engine_->Write(std::move(req)));
-  absl::SleepFor(absl::Milliseconds(200));
-  ASSERT_OK_AND_ASSIGN(auto fires, peer_->Call({{"cmd", "fires"}, {"tag", 77}}));
+  ASSERT_OK_AND_ASSIGN(auto fires, AwaitImmediates(77, 6));
+  EXPECT_EQ(fires["immediates"], 6);
   EXPECT_EQ(fires["fires"], 1);
 }
 
@@ -375,8 +398,14 @@ TEST_P(EngineTest, EachTailGoesOnceWhenItsRailHasAThreadOfItsOwn) {
   ASSERT_OK_AND_ASSIGN(auto fired,
                        peer_->Call({{"cmd", "wait"}, {"tag", 9}, {"timeout_ms", 10000}}));
   EXPECT_TRUE(fired["ok"].get<bool>());
-  absl::SleepFor(absl::Milliseconds(200));  // a second copy of a tail would land by now
-  ASSERT_OK_AND_ASSIGN(auto fires, peer_->Call({{"cmd", "fires"}, {"tag", 9}}));
+  // Removing the peer waits for every progress thread: a tail posted twice is a WRITE counted
+  // by now (completed, or failed with the peer), one more than two per transfer.
+  ASSERT_OK(engine_->RemovePeer(peer_id_));
+  uint64_t posted = 0;
+  for (const RailCounters& c : engine_->Counters()) posted += c.writes + c.write_errors;
+  EXPECT_EQ(posted, 2 * kTransfers);
+  ASSERT_OK_AND_ASSIGN(auto fires, AwaitImmediates(9, kTransfers));
+  EXPECT_EQ(fires["immediates"], kTransfers);
   EXPECT_EQ(fires["fires"], 1);
   EXPECT_EQ(fires["arrived"], kTransfers);
 }

@@ -9,7 +9,8 @@
 //       -> {"ok":true} or {"ok":false,"error":".."}; the region is reset to the canary after.
 //   {"cmd":"expect","tag":T,"count":N}   -> {"ok":bool,"code":"..."} arms a counter
 //   {"cmd":"wait","tag":T,"timeout_ms":M} -> {"ok":bool,"fires":F}
-//   {"cmd":"fires","tag":T}              -> {"fires":F}
+//   {"cmd":"fires","tag":T}              -> {"fires":F,"arrived":A,"immediates":I}: A of the
+//                                            tag's counter, I every immediate that landed
 //   {"cmd":"controls"}                   -> {"count":N,"last":".."}
 //   {"cmd":"awake"} / {"cmd":"sleep"}    -> {"ok":true}: take / drop an Engine::KeepAwake token
 //   {"cmd":"exit"}                       -> {"ok":true}, then the process exits
