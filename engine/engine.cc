@@ -793,6 +793,16 @@ std::vector<RailCounters> Engine::Counters() const {
   return out;
 }
 
+ProgressCounters Engine::Progress() const {
+  ProgressCounters out;
+  for (const auto& g : groups_) {
+    const ProgressCounters c = g->progress();
+    out.passes += c.passes;
+    out.waits += c.waits;
+  }
+  return out;
+}
+
 size_t Engine::EngineRail(size_t group, size_t index) const {
   for (size_t r = 0; r < rail_refs_.size(); ++r) {
     if (rail_refs_[r].group == group && rail_refs_[r].index_in_group == index) return r;

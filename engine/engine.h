@@ -193,6 +193,13 @@ struct RailCounters {
   uint64_t messages_received = 0;
 };
 
+// What an engine's progress threads did, summed over them: how they spend an idle second, and
+// whether an awake one spins or blocks, without timing them.
+struct ProgressCounters {
+  uint64_t passes = 0;  // passes of their loops (each polls every rail once)
+  uint64_t waits = 0;   // times they waited on their fds with a timeout (not a poll)
+};
+
 // What to move: local source extents (region = RegionId) into remote destination extents
 // (region = index into dst_regions).
 struct TransferRequest {
@@ -302,6 +309,8 @@ class Engine {
   size_t progress_threads() const { return groups_.size(); }
   // Per rail, in the order of rails().
   std::vector<RailCounters> Counters() const;
+  // Counted whether or not EngineOptions::counters is set.
+  ProgressCounters Progress() const;
   PeerAddress address() const;
   // This engine's bell (empty when it has none), as PeerAddress::bell.
   const std::string& bell_address() const { return bell_address_; }

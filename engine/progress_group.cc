@@ -202,6 +202,7 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
   opened->Set(absl::OkStatus());
   absl::Time idle_since = absl::InfinitePast();  // the first pass without progress
   while (!stop_.load(std::memory_order_relaxed)) {
+    passes_.store(passes_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     bool worked = DrainInbox();
     bool busy = false;
     const bool check_sends = absl::Now() >= next_send_check_;
@@ -415,6 +416,8 @@ void ProgressGroup::Ring(fi_addr_t bell, RingKind kind) {
 }
 
 int ProgressGroup::WaitFds(int timeout_ms) {
+  if (timeout_ms > 0)
+    waits_.store(waits_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   epoll_event events[8];
   const int n = epoll_wait(epoll_fd_, events, 8, timeout_ms);
   int ready = 0;

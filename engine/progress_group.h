@@ -215,6 +215,9 @@ class ProgressGroup {
   const RailInfo& rail_info(size_t i) const { return rails_[i]->rail->rail_info(); }
   // Rail i's counters. Thread-safe.
   RailCounters counters(size_t i) const;
+  ProgressCounters progress() const {
+    return {passes_.load(std::memory_order_relaxed), waits_.load(std::memory_order_relaxed)};
+  }
 
   // --- Progress thread only. ---
   Rail& rail(size_t i) { return *rails_[i]->rail; }
@@ -421,6 +424,8 @@ class ProgressGroup {
   absl::Mutex inbox_mu_;
   std::deque<Command> inbox_ ABSL_GUARDED_BY(inbox_mu_);
   std::atomic<bool> stop_{false};
+  // Written by the thread alone (a load and a store: no locked add in the loop), read by any.
+  std::atomic<uint64_t> passes_{0}, waits_{0};
   std::thread thread_;
 };
 

@@ -713,21 +713,31 @@ TEST(EngineCreateTest, StartsAThreadPerRailUpToHalfTheCpusUnlessTold) {
   EXPECT_EQ((*pinned)->progress_threads(), 1u);
 }
 
-// CPU seconds the process uses while this thread sleeps for `wall` (to the nanosecond: the
-// clock ticks of /proc are 10 ms).
-double CpuWhileSleeping(absl::Duration wall) {
-  auto cpu = [] {
-    timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-  };
-  const double before = cpu();
+// What `engine`'s progress threads did while this thread slept for `wall`: counted passes and
+// waits, which a loaded machine does not inflate (a sleeping thread passes once per timeout,
+// a spinning one many thousand times a second).
+ProgressCounters ProgressOver(const Engine& engine, absl::Duration wall) {
+  const ProgressCounters before = engine.Progress();
   absl::SleepFor(wall);
-  return cpu() - before;
+  const ProgressCounters after = engine.Progress();
+  return {after.passes - before.passes, after.waits - before.waits};
 }
 
-// Past the short spin after start-up and the bell's linger (kBellLinger, 300 ms).
-constexpr absl::Duration kFallAsleep = absl::Milliseconds(800);
+// An asleep engine's threads pass a few times a second at most (they wait a second at a time).
+constexpr uint64_t kAsleepPasses = 5;
+
+// Returns once every progress thread of `engine` passed at most kAsleepPasses times in 200 ms
+// (past the short spin after start-up and the bell's linger, kBellLinger), or after 10 s.
+bool AwaitAsleep(const Engine& engine) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < give_up) {
+    if (ProgressOver(engine, absl::Milliseconds(200)).passes <=
+        kAsleepPasses * engine.progress_threads()) {
+      return true;
+    }
+  }
+  return false;
+}
 
 TEST(EngineIdleTest, IdleEngineUsesNoCpuAndAnAwakeOneSpinsOnlyWhenAsked) {
   if (!ProviderAvailable("tcp")) GTEST_SKIP() << "no tcp provider";
@@ -743,22 +753,23 @@ TEST(EngineIdleTest, IdleEngineUsesNoCpuAndAnAwakeOneSpinsOnlyWhenAsked) {
     const std::string what = absl::StrCat("spin_while_awake ", c.spin, ", wait_fds ", c.wait_fds);
     ASSERT_OK_AND_ASSIGN(auto engine, Engine::Create(o));
     EXPECT_EQ(engine->bell_address().empty(), false) << what;
-    absl::SleepFor(kFallAsleep);
-    // Asleep on the rails' fds, or on the bell: under 0.001 s a second here, 0.009 once under
-    // ASan and a parallel ctest; an engine that polls every millisecond takes 0.01-0.02 quiet
-    // and 0.1 under load.
-    EXPECT_LT(CpuWhileSleeping(absl::Seconds(1)), 0.03) << "idle, " << what;
+    const uint64_t asleep = kAsleepPasses * engine->progress_threads();
+    // Asleep on the rails' fds, or on the bell, and staying so for a second; an engine that
+    // polled every millisecond would pass about a thousand times.
+    ASSERT_TRUE(AwaitAsleep(*engine)) << what;
+    EXPECT_LE(ProgressOver(*engine, absl::Seconds(1)).passes, asleep) << "idle, " << what;
     {
       AwakeToken awake = engine->KeepAwake();
-      const double cpu = CpuWhileSleeping(absl::Seconds(1));
-      if (c.spin || !c.wait_fds) {
-        EXPECT_GT(cpu, 0.3) << "an awake engine polls without pausing, " << what;
+      const ProgressCounters p = ProgressOver(*engine, absl::Seconds(1));
+      if (c.spin) {
+        EXPECT_EQ(p.waits, 0u) << "an awake engine polls without pausing, " << what;
+        EXPECT_GT(p.passes, 1000u) << what;
       } else {
-        EXPECT_LT(cpu, 0.3) << "an awake engine with no data waiting blocks, " << what;
+        EXPECT_GT(p.waits, 0u) << "an awake engine with no data waiting blocks, " << what;
       }
     }
-    absl::SleepFor(kFallAsleep);
-    EXPECT_LT(CpuWhileSleeping(absl::Seconds(1)), 0.03) << "idle again, " << what;
+    ASSERT_TRUE(AwaitAsleep(*engine)) << "asleep again, " << what;
+    EXPECT_LE(ProgressOver(*engine, absl::Seconds(1)).passes, asleep) << "idle again, " << what;
   }
 }
 
@@ -787,8 +798,8 @@ TEST(EngineBellTest, AnEngineAsleepOnItsBellIsRungByAPeerThatSendsToIt) {
   const RegionDescriptor desc = window.descriptor;
   PeerId peer = 0;
   for (int round = 0; round < 3; ++round) {
-    absl::SleepFor(kFallAsleep);
-    EXPECT_LT(CpuWhileSleeping(absl::Milliseconds(500)), 0.015) << "both asleep, round " << round;
+    ASSERT_TRUE(AwaitAsleep(*a)) << "round " << round;
+    ASSERT_TRUE(AwaitAsleep(*b)) << "round " << round;
     std::fill(dst.begin(), dst.end(), 0);
     const absl::Time start = absl::Now();
     if (round == 0) {
@@ -820,11 +831,11 @@ TEST(EngineBellTest, AnEngineAsleepOnItsBellIsRungByAPeerThatSendsToIt) {
       ASSERT_EQ(got.size(), static_cast<size_t>(round + 1));
       EXPECT_EQ(got.back(), absl::StrCat("round ", round));
     }
-    // The transfer over, a rang kDone: b is no longer awake and polls its rails every
-    // millisecond until it sleeps, and a, which rang, as long. A few percent of a core each
-    // (awake until its 300 ms ran out, b spun; a bell fd left readable made both spin: 0.8 s).
-    EXPECT_LT(CpuWhileSleeping(absl::Milliseconds(400)), 0.12) << "lingering, round " << round;
   }
+  // The transfer over, a rang kDone: both linger, polling, then sleep again (a bell fd left
+  // readable once kept both spinning).
+  EXPECT_TRUE(AwaitAsleep(*a));
+  EXPECT_TRUE(AwaitAsleep(*b));
 }
 
 TEST(EngineCreateTest, TopologyPlacesRailsWithoutAPciDeviceInTheHostGroup) {
