@@ -360,7 +360,9 @@ void PutDataAsItArrives(Node& node, const std::string& name, const httplib::Requ
   });
   if (s.ok() && !read_all) s = absl::InvalidArgumentError("the body ended early");
   if (!s.ok()) return WriteError(res, s);
-  WriteResponse(res, upload->Finish(), 201);
+  absl::StatusOr<ObjectInfo> put = upload->Finish();
+  if (put.ok()) node.metrics().upload_bytes.Add({"streamed"}, static_cast<double>(put->size));
+  WriteResponse(res, std::move(put), 201);
 }
 
 void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res) {
@@ -435,6 +437,7 @@ void ObjectRoute(Node& node, const httplib::Request& req, httplib::Response& res
       auto put = node.PutData(name, std::string_view(req.body).substr(to->meta_length), to->device,
                               to->publish);
       if (!put.ok()) return WriteError(res, put.status());
+      node.metrics().upload_bytes.Add({"buffered"}, static_cast<double>(put->size));
       return WriteJson(res, ToJson(*put), 201);
     }
   }

@@ -1,5 +1,6 @@
 #include "server/metrics.h"
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 
@@ -134,7 +135,11 @@ NodeMetrics::NodeMetrics()
                   "A control message to another node and its answer, by type and transport.",
                   {"type", "via"}, Powers(10e-6, 2, 20)),
       http_requests("ferry_http_requests_total", "HTTP requests answered, by route and code.",
-                    {"route", "code"}) {}
+                    {"route", "code"}),
+      upload_bytes("ferry_upload_bytes_total",
+                   "Bytes of the uploads stored, by how: streamed into their buffer as they came, "
+                   "or buffered whole first (a body without a Content-Length).",
+                   {"how"}) {}
 
 void NodeMetrics::PullEnded(uint64_t log_id, std::string_view role, std::string_view path,
                             const absl::Status& outcome, uint64_t bytes, double seconds) {
@@ -147,18 +152,23 @@ void NodeMetrics::PullEnded(uint64_t log_id, std::string_view role, std::string_
   pull_size.Observe({r}, static_cast<double>(bytes));
 }
 
+namespace {
+
+// Every family of `m` (const or not, as `m` is).
+template <typename Metrics>
+auto Families(Metrics& m) {
+  return std::array{&m.pulls,       &m.pull_bytes,    &m.pull_seconds, &m.pull_size,
+                    &m.round_trips, &m.http_requests, &m.upload_bytes};
+}
+
+}  // namespace
+
 void NodeMetrics::Write(MetricsText& out) const {
-  for (const MetricFamily* f :
-       {&pulls, &pull_bytes, &pull_seconds, &pull_size, &round_trips, &http_requests}) {
-    f->Write(out);
-  }
+  for (const MetricFamily* f : Families(*this)) f->Write(out);
 }
 
 void NodeMetrics::Disable() {
-  for (MetricFamily* f :
-       {&pulls, &pull_bytes, &pull_seconds, &pull_size, &round_trips, &http_requests}) {
-    f->Disable();
-  }
+  for (MetricFamily* f : Families(*this)) f->Disable();
 }
 
 uint64_t PullLog::Begin(std::string role, std::string object, std::string peer, std::string path,

@@ -107,6 +107,7 @@ struct NodeMetrics {
   MetricFamily pull_size;      // histogram {role}: bytes of each pull that succeeded
   MetricFamily round_trips;    // histogram {type, via}: a control message and its answer
   MetricFamily http_requests;  // {route, code}
+  MetricFamily upload_bytes;   // {how}: "streamed" into their buffer, or "buffered" whole first
   PullLog log;                 // kept when the counting is disabled
   void Write(MetricsText& out) const;
   void Disable();
