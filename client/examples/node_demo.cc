@@ -74,7 +74,7 @@ class Ferryd {
     while (line.size() < 4096 && poll(&p, 1, 30000) == 1 && read(out[0], &c, 1) == 1 && c != '\n') {
       line.push_back(c);
     }
-    close(out[0]);  // ferryd's later output, if any, goes nowhere
+    close(out[0]);  // ferryd writes nothing more on stdout (its log goes to stderr)
     auto j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.contains("listen") || !j.contains("node")) {
       return absl::InternalError("ferryd did not start; it said: " + line);

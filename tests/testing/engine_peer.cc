@@ -138,9 +138,9 @@ int RunEnginePeer(int argc, char** argv) {
       reply = {{"ok", s.ok()}, {"fires", state->fires[tag]}};
     } else if (cmd == "fires") {
       const uint64_t tag = req["tag"].get<uint64_t>();
-      absl::MutexLock lock(&state->mu);
       uint64_t immediates = 0;  // of every tag, counted or not, as the rails saw them land
       for (const engine::RailCounters& c : (*engine)->Counters()) immediates += c.immediates;
+      absl::MutexLock lock(&state->mu);
       reply = {{"fires", state->fires[tag]},
                {"arrived", counters.count(tag) == 0 ? 0 : counters[tag]->arrived()},
                {"immediates", immediates}};
