@@ -235,6 +235,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   if (options.max_control == 0 || options.max_control > 65536) {
     return absl::InvalidArgumentError("max_control must be within 1..65536");
   }
+  if (options.asleep_poll < absl::Milliseconds(1) || options.asleep_poll > absl::Hours(1)) {
+    return absl::InvalidArgumentError("asleep_poll must be within 1 ms..1 h");
+  }
   if (options.node_id.size() > kMaxSenderId) {
     return absl::InvalidArgumentError("node_id longer than 256 bytes");
   }

@@ -76,11 +76,15 @@ struct EngineOptions {
   // data) whose CQ has a wait fd. A peer rings it before every control message and every
   // kBellRingEvery while it has WRITEs for it; so rung, an engine polls its rails (as with
   // KeepAwake) until the peer's last transfer to it ends, or kBellLinger after the last ring;
-  // an engine idle that long and not rung sleeps on the bell and polls its rails once a
-  // second. On tcp;ofi_rxm a waitable CQ costs work on every operation at both ends
+  // an engine idle that long and not rung sleeps on the bell and polls its rails every
+  // asleep_poll. On tcp;ofi_rxm a waitable CQ costs work on every operation at both ends
   // (docs/engine.md, docs/benchmarks.md). A provider without wait fds (shm) has no bell: its
   // idle engine polls every millisecond. Default: false.
   bool wait_fds = false;
+  // How long an idle progress thread sleeps on its fds (the rails' or the bell's) before it
+  // polls its rails anyway: what a lost ring, or one from a peer without a bell, waits at
+  // most. Within 1 ms..1 h. Default: 1 s.
+  absl::Duration asleep_poll = absl::Seconds(1);
   // The rails count what they do (Counters()). false: they do not (RailCounters stay 0), to
   // measure what counting costs. Default: true.
   bool counters = true;

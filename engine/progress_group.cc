@@ -272,7 +272,8 @@ void ProgressGroup::Block(bool soon, absl::Duration idle) {
     fid* f = &rs.rail->cq()->fid;
     return fi_trywait(rs.rail->fabric(), &f, 1) == FI_SUCCESS;
   };
-  int timeout_ms = soon ? scan_ms : 1000;
+  int timeout_ms =
+      soon ? scan_ms : static_cast<int>(absl::ToInt64Milliseconds(options_.asleep_poll));
   if (all_fd_) {
     for (auto& rs : rails_) {
       if (!trywait(*rs)) return;
@@ -281,7 +282,7 @@ void ProgressGroup::Block(bool soon, absl::Duration idle) {
     // Rails without wait fds: polled every kScanPeriod while anything may come on them.
     timeout_ms = scan_ms;
   }
-  // Else asleep until the bell rings, the inbox has work or a second has passed. The bell's fd
+  // Else asleep until the bell rings, the inbox has work or asleep_poll has passed. The bell's fd
   // stays readable after its CQ got a completion until fi_trywait resets it, so it is asked
   // before any wait: else every wait would return at once.
   if (bell_ != nullptr && !trywait(*bell_)) {
