@@ -21,6 +21,21 @@ absl::Status Check(int rc, std::string_view call) {
   return rc == 0 ? absl::OkStatus() : FiError(rc, call);
 }
 
+// The attributes of a registration of `iov` on `device` (RegisterDmabuf replaces the iov).
+fi_mr_attr MrAttr(const iovec* iov, uint64_t access, uint64_t requested_key, Device device) {
+  fi_mr_attr attr = {};
+  attr.mr_iov = iov;
+  attr.iov_count = 1;
+  attr.access = access;
+  attr.requested_key = requested_key;
+  attr.iface = FI_HMEM_SYSTEM;
+  if (device.kind == Device::Kind::kCuda) {
+    attr.iface = FI_HMEM_CUDA;
+    attr.device.cuda = device.index;
+  }
+  return attr;
+}
+
 }  // namespace
 
 int RemoveShmLeftovers(pid_t pid) {
@@ -135,17 +150,8 @@ absl::StatusOr<fi_addr_t> Rail::Insert(const std::string& address) {
 absl::StatusOr<RailMr> Rail::Register(void* addr, size_t length, uint64_t requested_key,
                                       uint64_t access, Device device) {
   const int mr_mode = info_->domain_attr->mr_mode;
-  iovec iov = {addr, length};
-  fi_mr_attr attr = {};
-  attr.mr_iov = &iov;
-  attr.iov_count = 1;
-  attr.access = access;
-  attr.requested_key = requested_key;
-  attr.iface = FI_HMEM_SYSTEM;
-  if (device.kind == Device::Kind::kCuda) {
-    attr.iface = FI_HMEM_CUDA;
-    attr.device.cuda = device.index;
-  }
+  const iovec iov = {addr, length};
+  fi_mr_attr attr = MrAttr(&iov, access, requested_key, device);
   fid_mr* mr = nullptr;
   int rc = -FI_ENOSYS;
   if (device.kind == Device::Kind::kCuda && rail_info_.hmem_dmabuf) {
@@ -215,12 +221,8 @@ void Rail::ProbeCuda(bool dmabuf) {
     return;
   }
   fid_mr* probe = nullptr;
-  fi_mr_attr attr = {};
-  attr.iov_count = 1;
-  attr.access = FI_WRITE | FI_REMOTE_WRITE;
-  attr.requested_key = RandomMrKey();
-  attr.iface = FI_HMEM_CUDA;
-  attr.device.cuda = 0;
+  const iovec iov = {*buf, kProbeBytes};
+  const fi_mr_attr attr = MrAttr(&iov, FI_WRITE | FI_REMOTE_WRITE, RandomMrKey(), Device::Cuda(0));
   // Only where the provider addresses registered memory by virtual address: libfabric 2.6's
   // util MR map (shm, tcp) keeps a wrong offset for a dma-buf otherwise, and WRITEs into it
   // land elsewhere (docs/benchmarks.md). Those providers turn a dma-buf back into its address
