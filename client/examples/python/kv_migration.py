@@ -21,7 +21,8 @@ POOL_PAGES = 1024
 
 
 def prefill(requests: int) -> None:
-    with ferry.Node(tempfile.mkdtemp(prefix="prefill-"), sync=False) as node:
+    with (tempfile.TemporaryDirectory(prefix="prefill-") as data,
+          ferry.Node(data, sync=False) as node):
         pool = np.zeros((POOL_PAGES, PAGE), np.uint8)
         region = node.register(pool)
         rng = np.random.default_rng(0)
@@ -37,7 +38,8 @@ def prefill(requests: int) -> None:
 
 
 def decode() -> None:
-    with ferry.Node(tempfile.mkdtemp(prefix="decode-"), sync=False) as node:
+    with (tempfile.TemporaryDirectory(prefix="decode-") as data,
+          ferry.Node(data, sync=False) as node):
         pool = np.zeros((POOL_PAGES, PAGE), np.uint8)
         region = node.register(pool)
         free = list(range(POOL_PAGES))

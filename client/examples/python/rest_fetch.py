@@ -21,7 +21,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--node", help="a running ferryd (default: one started here)")
     args = ap.parse_args()
-    node = None if args.node else ferry.Node(tempfile.mkdtemp(prefix="rest-"), sync=False)
+    data_dir = None if args.node else tempfile.TemporaryDirectory(prefix="rest-")
+    node = ferry.Node(data_dir.name, sync=False) if data_dir else None
     url = args.node or node.url
     data = bytes(range(256)) * 4096  # 1 MiB
     with ferry.Client(url) as c:
@@ -37,6 +38,7 @@ def main() -> None:
               f"{'as uploaded' if part == data[256:512] else 'DIFFERENT'}")
     if node:
         node.stop()
+        data_dir.cleanup()
     sys.exit(0 if part == data[256:512] else 1)
 
 

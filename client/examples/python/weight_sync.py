@@ -35,7 +35,8 @@ def send(msg: dict) -> None:
 
 
 def trainer(steps: int) -> None:
-    with ferry.Node(tempfile.mkdtemp(prefix="trainer-"), sync=False) as node:
+    with (tempfile.TemporaryDirectory(prefix="trainer-") as data,
+          ferry.Node(data, sync=False) as node):
         sd = weights(0)
         for step in range(steps):
             for v in sd.values():
@@ -46,7 +47,8 @@ def trainer(steps: int) -> None:
 
 
 def replica() -> None:
-    with ferry.Node(tempfile.mkdtemp(prefix="replica-"), sync=False) as node:
+    with (tempfile.TemporaryDirectory(prefix="replica-") as data,
+          ferry.Node(data, sync=False) as node):
         sd = weights(1)  # its own model: same shapes, other values
         for line in sys.stdin:
             want = json.loads(line)
