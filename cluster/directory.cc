@@ -57,22 +57,11 @@ absl::StatusOr<std::unique_ptr<Directory>> Directory::Connect(const std::string&
 
 Directory::Directory(std::string url, std::vector<std::string> endpoints,
                      const DirectoryOptions& options)
-    : url_(std::move(url)), endpoints_(std::move(endpoints)), options_(options) {
-  const bool etcd = url_.rfind("etcd://", 0) == 0;
-  for (const std::string& e : endpoints_) {
-    auto c = std::make_unique<httplib::Client>(e);
-    const auto us = absl::ToInt64Microseconds(options_.timeout);
-    c->set_connection_timeout(us / 1000000, us % 1000000);
-    c->set_read_timeout(us / 1000000, us % 1000000);
-    c->set_write_timeout(us / 1000000, us % 1000000);
-    c->set_keep_alive(true);
-    c->set_tcp_nodelay(true);  // a request's headers and body go in separate writes
-    // etcd reads an Authorization header as a token of its own auth: the bearer token is for
-    // a ferryd directory only.
-    if (!options_.token.empty() && !etcd) c->set_bearer_token_auth(options_.token);
-    clients_.push_back(std::move(c));
-  }
-}
+    : url_(std::move(url)),
+      endpoints_(std::move(endpoints)),
+      options_(options),
+      etcd_(url_.rfind("etcd://", 0) == 0),
+      idle_(endpoints_.size()) {}
 
 Directory::~Directory() = default;
 
@@ -88,18 +77,54 @@ std::string Directory::PrefixEnd(const std::string& prefix) {
   return std::string(1, '\0');  // every key
 }
 
-absl::StatusOr<std::string> Directory::Call(const std::string& path, const std::string& body) {
+std::unique_ptr<httplib::Client> Directory::Take(size_t i) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!idle_[i].empty()) {
+      std::unique_ptr<httplib::Client> c = std::move(idle_[i].back());
+      idle_[i].pop_back();
+      return c;
+    }
+  }
+  auto c = std::make_unique<httplib::Client>(endpoints_[i]);
+  const auto us = absl::ToInt64Microseconds(options_.timeout);
+  c->set_connection_timeout(us / 1000000, us % 1000000);
+  c->set_read_timeout(us / 1000000, us % 1000000);
+  c->set_write_timeout(us / 1000000, us % 1000000);
+  c->set_keep_alive(true);
+  c->set_tcp_nodelay(true);  // a request's headers and body go in separate writes
+  // etcd reads an Authorization header as a token of its own auth: the bearer token is for
+  // a ferryd directory only.
+  if (!options_.token.empty() && !etcd_) c->set_bearer_token_auth(options_.token);
+  return c;
+}
+
+void Directory::Give(size_t i, std::unique_ptr<httplib::Client> client) {
   absl::MutexLock lock(&mu_);
+  if (idle_[i].size() < kIdlePerEndpoint) idle_[i].push_back(std::move(client));
+}
+
+absl::StatusOr<std::string> Directory::Call(const std::string& path, const std::string& body) {
+  size_t first;
+  {
+    absl::MutexLock lock(&mu_);
+    first = current_;
+  }
   std::string why;
-  for (size_t n = 0; n < clients_.size(); ++n) {
-    const size_t i = (current_ + n) % clients_.size();
-    httplib::Result r = clients_[i]->Post(path, body, "application/json");
+  for (size_t n = 0; n < endpoints_.size(); ++n) {
+    const size_t i = (first + n) % endpoints_.size();
+    std::unique_ptr<httplib::Client> client = Take(i);
+    httplib::Result r = client->Post(path, body, "application/json");
     if (!r) {
       absl::StrAppend(&why, why.empty() ? "" : "; ", endpoints_[i], ": ",
                       httplib::to_string(r.error()));
-      continue;
+      continue;  // the connection goes with the client
     }
-    current_ = i;
+    Give(i, std::move(client));
+    {
+      absl::MutexLock lock(&mu_);
+      current_ = i;
+    }
     json j = json::parse(r->body, nullptr, false);
     if (r->status == 200 && j.is_object() && !j.contains("error")) return std::move(r->body);
     const std::string context = absl::StrCat("directory ", endpoints_[i], path);

@@ -71,15 +71,23 @@ class Directory {
   Directory(std::string url, std::vector<std::string> endpoints, const DirectoryOptions& options);
   // POSTs `body` (JSON) to `path` on the endpoint that answered last, then the others; the
   // answer's JSON text. Errors: the server's code (etcd's gRPC code), or kUnavailable when no
-  // endpoint answers.
+  // endpoint answers. Calls from several threads go at once, each on a connection of its own.
   absl::StatusOr<std::string> Call(const std::string& path, const std::string& body);
+  // A kept-alive connection to endpoint `i` nobody uses, or a new one; handed back with Give
+  // (kept while fewer than kIdlePerEndpoint wait).
+  std::unique_ptr<httplib::Client> Take(size_t i) ABSL_LOCKS_EXCLUDED(mu_);
+  void Give(size_t i, std::unique_ptr<httplib::Client> client) ABSL_LOCKS_EXCLUDED(mu_);
+
+  static constexpr size_t kIdlePerEndpoint = 8;
 
   const std::string url_;
   const std::vector<std::string> endpoints_;  // http://host:port
   const DirectoryOptions options_;
+  const bool etcd_;
   absl::Mutex mu_;
   size_t current_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::unique_ptr<httplib::Client>> clients_ ABSL_GUARDED_BY(mu_);
+  // Per endpoint, its idle connections.
+  std::vector<std::vector<std::unique_ptr<httplib::Client>>> idle_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::cluster

@@ -179,6 +179,48 @@ TEST_F(DirectoryClientTest, AWrongTokenIsRefusedAndChangesNothing) {
   EXPECT_THAT(kvs, IsEmpty());
 }
 
+// A directory whose keep-alive answers only when the test lets it: a Range asked meanwhile
+// from another thread is answered at once, on a connection of its own.
+TEST(DirectoryConcurrencyTest, ACallWaitingForItsAnswerHoldsNoOtherBack) {
+  absl::Mutex mu;
+  bool entered = false, released = false;
+  httplib::Server server;
+  server.Post("/v3/lease/keepalive", [&](const httplib::Request&, httplib::Response& res) {
+    absl::MutexLock lock(&mu);
+    entered = true;
+    mu.Await(absl::Condition(&released));
+    res.set_content(R"({"result":{"ID":"7","TTL":"5"}})", "application/json");
+  });
+  server.Post("/v3/kv/range", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"kvs":[{"key":"aw==","value":"dg==","lease":"7"}]})", "application/json");
+  });
+  const int port = server.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(port, 0);
+  std::thread serving([&] { server.listen_after_bind(); });
+  ASSERT_OK_AND_ASSIGN(auto d, Directory::Connect("etcd://127.0.0.1:" + std::to_string(port),
+                                                  {.timeout = absl::Seconds(5)}));
+  absl::StatusOr<absl::Duration> kept = absl::UnknownError("not yet");
+  std::thread keeping([&] { kept = d->KeepAlive(7); });
+  {
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&entered));
+  }
+  // The keep-alive is inside its handler, and stays there until this Range has its answer.
+  auto kvs = d->Range("k");
+  {
+    absl::MutexLock lock(&mu);
+    released = true;
+  }
+  keeping.join();
+  ASSERT_OK(kvs.status());
+  ASSERT_THAT(*kvs, ElementsAre(KeyIs("k")));
+  EXPECT_EQ((*kvs)[0].value, "v");
+  ASSERT_OK(kept.status());  // a call serialized behind the Range would have timed out
+  EXPECT_EQ(*kept, absl::Seconds(5));
+  server.stop();
+  serving.join();
+}
+
 TEST(DirectoryConnectTest, BadUrlsAreRefusedAndAnUnreachableOneIsUnavailable) {
   for (const char* bad : {"", "etcd://", "http://", "ftp://h:1", "h:2379"}) {
     EXPECT_THAT(Directory::Connect(bad).status(), StatusIs(absl::StatusCode::kInvalidArgument))
