@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
+#include "base/version.h"
 #include "client/input_file.h"
 #include "ferry/client.h"
 #include "ferry/ferry.h"
@@ -151,6 +152,8 @@ void Fill(const PullStats& in, ferry_pull_stats* out) {
   out->region = in.region.value_or(0);
   std::strncpy(out->path, in.path.c_str(), sizeof(out->path) - 1);
   std::strncpy(out->via, in.via.c_str(), sizeof(out->via) - 1);
+  std::strncpy(out->source, in.source.c_str(), sizeof(out->source) - 1);
+  if (!in.tried.empty()) out->tried = Dup(nlohmann::json(in.tried).dump());
 }
 
 absl::Status Filled(const absl::StatusOr<PullStats>& r, ferry_pull_stats* out) {
@@ -213,7 +216,7 @@ extern "C" {
 
 const char* ferry_last_error(void) { return ferry::last_error.c_str(); }
 void ferry_free(void* p) { std::free(p); }
-const char* ferry_version(void) { return FERRY_VERSION; }
+const char* ferry_version(void) { return ferry::kVersion; }
 
 int ferry_client_open(const char* url, const char* token, ferry_client** out) {
   return Call([&]() -> absl::Status {

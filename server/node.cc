@@ -14,6 +14,7 @@
 #include "base/hex.h"
 #include "base/ids.h"
 #include "base/status.h"
+#include "base/version.h"
 #include "engine/fabric.h"
 #include "server/api_json.h"
 #include "server/node_internal.h"
@@ -214,7 +215,7 @@ void Node::SetTransportsForTesting(std::unique_ptr<PeerTransport> fabric,
 NodeInfo Node::Info() const {
   NodeInfo info;
   info.id = id();
-  info.version = FERRY_VERSION;
+  info.version = kVersion;
   info.host = HostId();
   info.rails = engine_->rails();
   info.progress_threads = engine_->progress_threads();

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/version.h"
 #include "engine/cuda.h"
 #include "engine/fabric.h"
 #include "server/node.h"
@@ -40,7 +41,7 @@ std::string Node::Metrics() const {
   const std::vector<engine::RailInfo>& rails = engine_->rails();
   out.Family("ferry_build_info", "gauge", "The build and the fabric of this node (value 1).");
   out.Sample("ferry_build_info",
-             {{"version", FERRY_VERSION},
+             {{"version", kVersion},
               {"commit", FERRY_COMMIT},
               {"cuda", engine::CudaBuilt() ? "true" : "false"},
               {"libfabric", engine::LibfabricVersion()},

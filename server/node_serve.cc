@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/ids.h"
 #include "base/status.h"
+#include "base/version.h"
 #include "server/node.h"
 #include "server/node_internal.h"
 #include "spdlog/spdlog.h"
@@ -189,7 +190,7 @@ void Node::Serve(wire::Envelope request, Reply reply) {
   };
   switch (request.type) {
     case wire::MessageType::kHello: {
-      wire::NodeSummary me{this->id(), FERRY_VERSION, HostId(), self_, auth_.enabled()};
+      wire::NodeSummary me{this->id(), kVersion, HostId(), self_, auth_.enabled()};
       return answer(wire::MessageType::kHelloAnswer, wire::Encode(me));
     }
     case wire::MessageType::kStat: {

@@ -39,7 +39,8 @@ class PullStats(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint64), ("bytes", ctypes.c_uint64),
                 ("seconds", ctypes.c_double), ("rerouted_writes", ctypes.c_uint64),
                 ("region", ctypes.c_uint64), ("path", ctypes.c_char * 16),
-                ("via", ctypes.c_char * 16)]
+                ("via", ctypes.c_char * 16), ("source", ctypes.c_char * 256),
+                ("tried", ctypes.c_void_p)]
 
 
 def _candidates() -> list[str]:

@@ -21,7 +21,8 @@ lib = _lib.lib
 @dataclass
 class PullStats:
     """What a pull did: bytes, seconds from the first WRITE to the last completion, the path
-    ("rdma", "cuda_ipc" or "staged"), how the nodes talked ("fabric", "http", "local")."""
+    ("rdma", "cuda_ipc" or "staged"), how the nodes talked ("fabric", "http", "local"); for a
+    pull by name (no source given), the holder it came from and those that failed before it."""
 
     version: int
     bytes: int
@@ -30,11 +31,14 @@ class PullStats:
     via: str
     rerouted_writes: int
     region: int | None  # the new buffer's region, for a pull into one
+    source: str | None = None  # a pull by name: the holder's URL
+    tried: list[str] | None = None  # ... and "node at url: why" of each holder that failed first
 
     @staticmethod
     def of(s: _lib.PullStats) -> "PullStats":
+        tried = json.loads(_lib.take_string(ctypes.c_void_p(s.tried))) if s.tried else []
         return PullStats(s.version, s.bytes, s.seconds, s.path.decode(), s.via.decode(),
-                         s.rerouted_writes, s.region or None)
+                         s.rerouted_writes, s.region or None, s.source.decode() or None, tried)
 
 
 def _json_out(call: Any, *args: Any) -> Any:

@@ -7,7 +7,8 @@
  * are the caller's, freed with ferry_free(). Handles are opaque; each is closed by its one
  * *_close, *_stop or *_free call. A client is thread-compatible (one per thread), a node and a
  * pull are thread-safe. Descriptions of objects come as JSON, as GET /v1/objects/{name} gives
- * them (docs/http_api.md). */
+ * them (docs/http_api.md). Before 1.0 a minor release may change this ABI (the structs'
+ * layouts too): build against the header of the libferry.so you load (ferry_version). */
 #ifndef FERRY_FERRY_H_
 #define FERRY_FERRY_H_
 
@@ -101,6 +102,12 @@ typedef struct ferry_pull_stats {
   uint64_t region; /* the new buffer's region id, for a pull into one; else 0 */
   char path[16];   /* "rdma", "cuda_ipc", "staged" */
   char via[16];    /* "fabric", "http", "local" */
+  /* A pull by name (no `from`): the URL of the holder the bytes came from (cut at 255 bytes);
+   * "" otherwise. */
+  char source[256];
+  /* A pull by name that went past holders that failed: a JSON array of "node at url: why",
+   * the caller's (ferry_free); NULL otherwise. */
+  char* tried;
 } ferry_pull_stats;
 
 /* ---- A node's HTTP API (ferry::Client) ---- */
