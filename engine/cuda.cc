@@ -511,8 +511,8 @@ struct CudaCopyBatch::State {
     next_launch = added + std::max<uint64_t>(n * 2, kFirstBatch);
   }
   // Gathers the open window on the source GPU, moves it, scatters it here (see Relay). The
-  // two kernels read their chunks from pinned memory: without the copies of the lists to the
-  // GPUs a window costs the CPU 17-21 us instead of 28-32 (1 x H200, 16 MiB windows).
+  // two kernels read their chunks from pinned memory: without copies of the lists to the GPUs,
+  // a window costs the CPU less.
   void Relayed() {
     if (error != cudaSuccess || fill == 0) return;
     Relay& r = *relay;

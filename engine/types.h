@@ -17,8 +17,11 @@ using PeerId = uint64_t;
 
 // Host memory for a region of `size` bytes (> 0): from 2 MiB on, 2 MiB-aligned, rounded up and
 // in transparent huge pages where the kernel has them; zeroed, its pages present before the
-// first WRITE. Release with std::free; nullptr when out of memory.
+// first WRITE; mapped, never from the heap. Release with FreeHostMemory(p, size), which returns
+// it to the system; nullptr when out of memory.
 void* AllocateHostMemory(uint64_t size);
+// Releases what AllocateHostMemory(size) returned (nullptr: nothing).
+void FreeHostMemory(void* p, uint64_t size);
 
 }  // namespace ferry::engine
 

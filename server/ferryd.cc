@@ -30,10 +30,10 @@ bool IsLoopback(const std::string& host) {
 int main(int argc, char** argv) {
   // A pull of tens of thousands of extents allocates a few MiB of plans and WRITE contexts:
   // from the heap, kept there for the next pull, instead of fresh mmaps whose first-touch
-  // page faults cost more than the work (10 ms per 16384-extent pull on a VM here, about
-  // 20 us per 4 KiB page). One arena: the HTTP pool hands a request to any of its threads,
-  // and with two arenas a pull often met only memory the one before had not used (at 32
-  // rails the destination took 5 ms longer to send its request).
+  // page faults cost more than the work. One arena: the HTTP pool hands a request to any of
+  // its threads, and with two arenas a pull often met only memory the one before had not
+  // used. Regions are mapped apart from the heap (AllocateHostMemory) and go back to the
+  // system when freed.
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 128 << 20);
   mallopt(M_ARENA_MAX, 1);

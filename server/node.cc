@@ -26,8 +26,6 @@ namespace {
 
 constexpr uint64_t kMaxRegionSize = uint64_t{1} << 40;
 
-void FreeOwned(char* p) { std::free(p); }
-
 void FreeCuda(char* p) { engine::CudaFree(p); }
 
 absl::Status ValidateMeta(const std::string& meta) {
@@ -250,7 +248,8 @@ absl::StatusOr<RegionInfo> Node::AllocateRegion(Device device, uint64_t size, bo
   absl::Cleanup unreserve = [this, size] { UnreserveHost(size); };
   char* mem = static_cast<char*>(engine::AllocateHostMemory(size));
   if (mem == nullptr) return absl::ResourceExhaustedError("out of memory for the region");
-  return AddRegion(mem, size, device, {mem, &FreeOwned}, for_object);
+  return AddRegion(mem, size, device, {mem, [size](char* p) { engine::FreeHostMemory(p, size); }},
+                   for_object);
 }
 
 absl::Status Node::ReserveHost(uint64_t size) {
@@ -287,7 +286,7 @@ void Node::UnreserveHost(uint64_t size) {
 }
 
 absl::StatusOr<RegionInfo> Node::RegisterRegion(void* addr, uint64_t size, Device device) {
-  return AddRegion(static_cast<char*>(addr), size, device, {nullptr, &FreeOwned}, false);
+  return AddRegion(static_cast<char*>(addr), size, device, {}, false);
 }
 
 absl::StatusOr<RegionInfo> Node::AddRegion(char* addr, uint64_t size, Device device,
@@ -369,7 +368,7 @@ Node::OwnedMemory Node::TakeSpare(Device device, uint64_t size) {
     spares_.erase(it);
     return memory;
   }
-  return {nullptr, &FreeOwned};
+  return {};
 }
 
 std::vector<RegionInfo> Node::Regions() {

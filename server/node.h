@@ -345,13 +345,13 @@ class Node {
   struct Windows;
   struct RdmaPull;
   // Memory the node allocated, with the function that frees it (null: the caller's memory).
-  using OwnedMemory = std::unique_ptr<char, void (*)(char*)>;
+  using OwnedMemory = std::unique_ptr<char, std::function<void(char*)>>;
   struct Region {
     RegionInfo info;
     char* addr = nullptr;
     engine::RegionId engine_id = 0;  // 0: not on the rails (GPU memory the provider lacks)
     engine::CudaIpcExport ipc;       // GPU memory: how processes on this host map it
-    OwnedMemory owned{nullptr, nullptr};
+    OwnedMemory owned;
     int prepared = 0;  // prepared destinations over it
   };
   // Credits of one staged pull this node serves: per destination slot, the last chunk the
@@ -536,7 +536,7 @@ class Node {
   struct Spare {
     Device device;
     uint64_t size = 0;
-    OwnedMemory memory{nullptr, nullptr};
+    OwnedMemory memory;
   };
   std::deque<Spare> spares_ ABSL_GUARDED_BY(mu_);
   uint64_t spare_total_ ABSL_GUARDED_BY(mu_) = 0;

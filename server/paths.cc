@@ -119,7 +119,7 @@ StagingRing::~StagingRing() {
   if (pinned_) {
     engine::CudaHostFree(mem_);
   } else {
-    std::free(mem_);
+    engine::FreeHostMemory(mem_, slots_ * slot_bytes_);
   }
 }
 

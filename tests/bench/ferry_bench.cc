@@ -488,7 +488,7 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
         static_cast<unsigned long>(share.contiguous_write >> 10), 100.0 * share.raw.p25,
         100.0 * share.raw.p75);
   }
-  std::free(src);
+  engine::FreeHostMemory(src, f.total);
   return 0;
 }
 

@@ -185,7 +185,7 @@ int RunRawPeer(const std::string& provider, const std::string& domain, uint64_t 
     }
   }
   ep->reset();
-  std::free(buf);
+  engine::FreeHostMemory(buf, size);
   return 0;
 }
 

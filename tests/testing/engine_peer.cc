@@ -165,7 +165,7 @@ int RunEnginePeer(int argc, char** argv) {
   awake = engine::AwakeToken();
   IgnoreError((*engine)->DeregisterMemory(*region));
   engine->reset();
-  std::free(buf);
+  engine::FreeHostMemory(buf, size);
   return 0;
 }
 
