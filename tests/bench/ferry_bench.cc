@@ -559,6 +559,13 @@ int main(int argc, char** argv) {
   rails->add_option("--pieces", rf.pieces, "piece sizes in bytes, comma-separated")->delimiter(',');
   rails->add_option("--iperf-seconds", rf.iperf_seconds, "iperf3 run per configuration");
   rails->add_option("--ferryd", rf.ferryd, "ferryd to start");
+  rails
+      ->add_option("--repeat", rf.repeat,
+                   "timed pulls per row: the row gives the median and the worst")
+      ->check(CLI::Range(1, 100));
+  rails->add_option("--ferryd-arg", rf.ferryd_args,
+                    "a flag for both ferryd, e.g. --ferryd-arg=--spin-while-awake=false "
+                    "(repeatable)");
   rails->add_flag("--json", rf.json, "one JSON object per row");
   rails->add_flag("--cut-source-rail", rf.cut_source_rail,
                   "after each row, the same pull with the source's rail 0 down halfway");

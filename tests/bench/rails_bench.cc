@@ -107,6 +107,7 @@ absl::Status RunConfig(const RailsFlags& f, const Config& c, const std::filesyst
   const double line_bps = static_cast<double>(c.rails) * static_cast<double>(c.mbit) * 1e6;
 
   std::vector<std::string> args = {"--provider", "tcp", "--rails", "0"};
+  args.insert(args.end(), f.ferryd_args.begin(), f.ferryd_args.end());
   testing::FerrydProcess nodes[2];
   for (TestBed::Side side : {TestBed::kA, TestBed::kB}) {
     std::vector<std::string> a = args;
@@ -168,20 +169,43 @@ absl::Status RunConfig(const RailsFlags& f, const Config& c, const std::filesyst
                       "application/json");
     if (!put || put->status / 100 != 2) return absl::UnavailableError("publish failed");
     const std::string body = pull_body(name, Scattered(*dst, f.size, piece, 2));
-    const double cpu_a = CpuSeconds(nodes[0].proc->pid()), cpu_b = CpuSeconds(nodes[1].proc->pid());
-    const absl::Time t = absl::Now();
-    auto stats = pull(body);
-    const double secs = absl::ToDoubleSeconds(absl::Now() - t);
-    if (!stats.ok()) return stats.status();
+    // `repeat` timed pulls of the same layout; the row gives the median run (and its stats)
+    // and the worst.
+    struct Run {
+      double secs, cpu_src, cpu_dst;
+      json stats;
+    };
+    std::vector<Run> runs;
     const double gb = static_cast<double>(f.size) / 1e9;
-    const double cpu_src = (CpuSeconds(nodes[0].proc->pid()) - cpu_a) / gb;
-    const double cpu_dst = (CpuSeconds(nodes[1].proc->pid()) - cpu_b) / gb;
-    const auto per_rail = (*stats)["bytes_per_rail"].get<std::vector<uint64_t>>();
+    for (int r = 0; r < f.repeat; ++r) {
+      const double cpu_a = CpuSeconds(nodes[0].proc->pid());
+      const double cpu_b = CpuSeconds(nodes[1].proc->pid());
+      const absl::Time t = absl::Now();
+      auto stats = pull(body);
+      const double secs = absl::ToDoubleSeconds(absl::Now() - t);
+      if (!stats.ok()) return stats.status();
+      runs.push_back({secs, (CpuSeconds(nodes[0].proc->pid()) - cpu_a) / gb,
+                      (CpuSeconds(nodes[1].proc->pid()) - cpu_b) / gb, *std::move(stats)});
+    }
+    std::sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) { return x.secs < y.secs; });
+    const Run& median = runs[runs.size() / 2];
+    const Run& worst = runs.back();
+    const double secs = median.secs;
+    auto cpu_median = [&](double Run::*field) {
+      std::vector<double> v;
+      for (const Run& r : runs) v.push_back(r.*field);
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double cpu_src = cpu_median(&Run::cpu_src), cpu_dst = cpu_median(&Run::cpu_dst);
+    const json& stats = median.stats;
+    const auto per_rail = stats["bytes_per_rail"].get<std::vector<uint64_t>>();
     const auto [lo, hi] = std::minmax_element(per_rail.begin(), per_rail.end());
     // When the first and the last rail finished, seconds after the source began.
-    const auto rail_secs = (*stats)["rail_seconds"].get<std::vector<double>>();
+    const auto rail_secs = stats["rail_seconds"].get<std::vector<double>>();
     const auto [first, last] = std::minmax_element(rail_secs.begin(), rail_secs.end());
     const double eff = static_cast<double>(f.size) * 8 / secs / line_bps;
+    const double worst_eff = static_cast<double>(f.size) * 8 / worst.secs / line_bps;
     const double ceiling = *iperf / line_bps;
     if (f.json) {
       std::cout << json{{"bench", "rails"},
@@ -189,24 +213,29 @@ absl::Status RunConfig(const RailsFlags& f, const Config& c, const std::filesyst
                         {"mbit_per_rail", c.mbit},
                         {"piece", piece},
                         {"bytes", f.size},
+                        {"repeat", f.repeat},
                         {"seconds", secs},
-                        {"source_seconds", (*stats)["seconds"]},
+                        {"seconds_worst", worst.secs},
+                        {"source_seconds", stats["seconds"]},
                         {"goodput_mbit", static_cast<double>(f.size) * 8 / secs / 1e6},
                         {"efficiency", eff},
+                        {"efficiency_worst", worst_eff},
                         {"iperf3_efficiency", ceiling},
                         {"ratio_to_iperf3", eff / ceiling},
                         {"bytes_per_rail", per_rail},
                         {"rail_seconds", rail_secs},
                         {"cpu_s_per_gb_source", cpu_src},
-                        {"cpu_s_per_gb_destination", cpu_dst}}
+                        {"cpu_s_per_gb_destination", cpu_dst},
+                        {"cpu_s_per_gb_destination_worst", worst.cpu_dst}}
                        .dump()
                 << std::endl;
     } else {
       std::printf(
-          "%5zu %6llu %8llu %8.3f %9.1f %7.2f%% %7.2f%% %6.3f %11.4f %6.3f-%-6.3f %9.2f %9.2f\n",
+          "%5zu %6llu %8llu %8.3f %9.1f %7.2f%% %7.2f%% %7.2f%% %6.3f %11.4f %6.3f-%-6.3f %9.2f "
+          "%9.2f\n",
           c.rails, static_cast<unsigned long long>(c.mbit), static_cast<unsigned long long>(piece),
-          secs, static_cast<double>(f.size) * 8 / secs / 1e6, 100 * eff, 100 * ceiling,
-          eff / ceiling, static_cast<double>(*lo) / static_cast<double>(*hi),
+          secs, static_cast<double>(f.size) * 8 / secs / 1e6, 100 * eff, 100 * worst_eff,
+          100 * ceiling, eff / ceiling, static_cast<double>(*lo) / static_cast<double>(*hi),
           rail_secs.empty() ? 0.0 : *first, rail_secs.empty() ? 0.0 : *last, cpu_src, cpu_dst);
       std::fflush(stdout);
     }
@@ -270,11 +299,12 @@ int RunRailsBench(const RailsFlags& f) {
   if (!f.json) {
     std::printf(
         "# ferry-bench rails: %llu-byte scattered object pulled A -> B over N veth rails "
-        "(MTU 9000, tbf each way), tcp provider; iperf3: N streams, %d s\n",
-        static_cast<unsigned long long>(f.size), f.iperf_seconds);
-    std::printf("%5s %6s %8s %8s %9s %8s %8s %6s %11s %13s %9s %9s\n", "rails", "Mbit", "piece",
-                "seconds", "Mbit/s", "effic.", "iperf3", "ratio", "min/max rail", "rails done s",
-                "cpu s/GB A", "cpu s/GB B");
+        "(MTU 9000, tbf each way), tcp provider; iperf3: N streams, %d s; each row the median "
+        "of %d pulls (CPU too), worst = the slowest pull's efficiency\n",
+        static_cast<unsigned long long>(f.size), f.iperf_seconds, f.repeat);
+    std::printf("%5s %6s %8s %8s %9s %8s %8s %8s %6s %11s %13s %9s %9s\n", "rails", "Mbit", "piece",
+                "seconds", "Mbit/s", "effic.", "worst", "iperf3", "ratio", "min/max rail",
+                "rails done s", "cpu s/GB A", "cpu s/GB B");
   }
   const auto dir =
       std::filesystem::temp_directory_path() / ("ferry-bench-rails-" + std::to_string(getpid()));

@@ -16,6 +16,10 @@ struct RailsFlags {
   uint64_t size = uint64_t{1} << 30;
   std::vector<uint64_t> pieces = {65536, 1 << 20};
   int iperf_seconds = 5;
+  // Timed pulls per configuration and piece size: a row gives the median and the worst.
+  int repeat = 3;
+  // More flags for both ferryd (e.g. --spin-while-awake=false).
+  std::vector<std::string> ferryd_args;
   // After each row, the same pull again with the source's rail 0 taken down halfway through it
   // (and brought back after): a "failover" row with both times.
   bool cut_source_rail = false;
