@@ -62,11 +62,12 @@ struct EngineOptions {
   // header, a completion and a receive on the target's CPU whatever its size, so scattered
   // small pieces go several to a WRITE. Default: 4.
   size_t max_iov = 4;
-  // While the engine expects WRITEs (KeepAwake), its progress threads poll without pausing:
-  // on tcp and shm WRITEs land only while the target calls into the provider. false: they
-  // block once no data has waited on a rail's fd for 50 us (less CPU on a slow link, less
-  // throughput on a fast one). Default: true.
-  bool spin_while_awake = true;
+  // While the engine expects WRITEs (KeepAwake, a ring) its progress threads keep polling: on
+  // tcp and shm WRITEs land only while the target calls into the provider. false: they poll
+  // without pausing while passes move data and nap between bursts, each nap sized by what the
+  // last let pile up (between 10 and 500 us), so the CPU they spend follows the bytes received.
+  // true: they never nap (the cost: a core per pull for as long as it lasts). Default: false.
+  bool spin_while_awake = false;
   // GPU memory is registered as a dma-buf where this libfabric and the driver take one
   // (FI_MR_DMABUF); false: always by address. Default: true.
   bool hmem_dmabuf = true;
@@ -374,9 +375,8 @@ class Engine {
   absl::Status SendControl(PeerId peer, std::string_view payload,
                            absl::Time deadline = absl::InfiniteFuture());
 
-  // Keeps the progress threads polling until the token goes (without pausing, or, with
-  // EngineOptions::spin_while_awake false on a provider with wait fds, while data waits on a
-  // rail's fd, blocking for at most 1 ms otherwise). A destination takes
+  // Keeps the progress threads polling until the token goes (napping between bursts, see
+  // EngineOptions::spin_while_awake). A destination takes
   // one while it expects WRITEs (between asking a source to pull and its answer): on
   // providers with manual progress (tcp, shm) WRITEs land only while the target calls into
   // libfabric, and waking from a long blocking wait for each burst costs throughput. The

@@ -1,5 +1,6 @@
 #include "engine/progress_group.h"
 
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -30,6 +31,19 @@ constexpr absl::Duration kSpinAfterWake = absl::Microseconds(200);
 // the providers' wait fds (for at most kScanPeriod) instead of spinning: on a software
 // provider the kernel's network stack needs the cores a spinning thread would take.
 constexpr absl::Duration kSpinWhileBusy = absl::Microseconds(50);
+// A destination that expects WRITEs (see ProgressGroup::Nap) naps between bursts: at least
+// kNapMin, at most kNapMax (what one tcp socket's receive buffer absorbs at a few Gbit/s), sized
+// so that the data waiting after a nap takes about kNapBatch to drain: its CPU then grows with
+// the bytes it receives, not with the time the pull takes.
+constexpr absl::Duration kNapMin = absl::Microseconds(10);
+constexpr absl::Duration kNapMax = absl::Microseconds(500);
+constexpr absl::Duration kNapBatch = absl::Microseconds(20);
+// A pass over the rails that took this much longer than an empty one moved data.
+// On tcp a call into the provider takes at most one message off each socket; a destination
+// that expects WRITEs polls each rail this many times a pass, so that a pass after a nap drains
+// that many of the WRITEs that came meanwhile, and a backlog shows in the pass's time.
+constexpr size_t kPollsWhileAwake = 8;
+constexpr absl::Duration kMovedMargin = absl::Microseconds(1);
 // Send slots per rail for control messages, and how many of them a hello may not take: a
 // hello to a peer that never answers keeps its slot.
 constexpr size_t kSendSlots = 64;
@@ -201,15 +215,18 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
   }
   opened->Set(absl::OkStatus());
   absl::Time idle_since = absl::InfinitePast();  // the first pass without progress
+  absl::Time last_worked = absl::InfinitePast();
   while (!stop_.load(std::memory_order_relaxed)) {
     passes_.store(passes_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     bool worked = DrainInbox();
     bool busy = false;
-    const bool check_sends = absl::Now() >= next_send_check_;
-    if (check_sends) next_send_check_ = absl::Now() + kSendCheckPeriod;
+    const absl::Time pass_start = absl::Now();
+    const bool check_sends = pass_start >= next_send_check_;
+    if (check_sends) next_send_check_ = pass_start + kSendCheckPeriod;
+    const size_t polls = options_.spin_while_awake || !Awake(pass_start) ? 1 : kPollsWhileAwake;
     for (size_t k = 0; k < rails_.size(); ++k) {
       RailState& rs = *rails_[k];
-      worked |= PollCq(rs) > 0;
+      for (size_t i = 0; i < polls; ++i) worked |= PollCq(rs) > 0;
       worked |= PostWrites(k);
       worked |= PostSends(rs);
       if (check_sends) CheckSends(rs, absl::Now());
@@ -232,11 +249,14 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
       }
     }
     if (!retiring_.empty()) ReapParts();
+    const absl::Time now = absl::Now();
     if (worked) {
       idle_since = absl::InfinitePast();
+      last_worked = now;
+      nap_ = kNapMin;
+      napped_ = false;
       continue;
     }
-    const absl::Time now = absl::Now();
     if (bell_ != nullptr && now >= next_bell_poll_) {
       next_bell_poll_ = now + kScanPeriod;
       if (ServiceBell()) {
@@ -245,17 +265,22 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
       }
     }
     // A WRITE that lands gives its target no completion, yet on tcp and shm it lands only while
-    // the target calls into the provider. A destination that expects WRITEs (Engine::KeepAwake)
-    // therefore polls without pausing (spin_while_awake), or, when told not to, counts bytes
-    // waiting on a rail's fd as progress and blocks 50 us after they stop: blocking costs the
-    // source a wake-up for each burst. Without wait fds (shm) it always spins while awake:
-    // sleeping 1 ms at a time would hold every delivery completion back.
-    // A ring says WRITEs are coming, as a KeepAwake token does.
-    const bool awake = engine_->awake_.load(std::memory_order_relaxed) > 0 || engine_->Rung(now);
-    if (awake && (options_.spin_while_awake || !all_fd_ || WaitFds(0) > 0)) {
-      idle_since = now;
+    // the target calls into the provider. A destination that expects WRITEs (Engine::KeepAwake,
+    // or a ring) therefore keeps polling: without pausing for kSpinAfterWake after a completion
+    // (a small pull's answer comes within it), and after that without pausing while passes
+    // move data, napping between bursts (Nap). spin_while_awake: never a nap.
+    const bool awake = Awake(now);
+    if (awake) {
+      if (options_.spin_while_awake || now - last_worked < kSpinAfterWake ||
+          PassMovedData(now - pass_start)) {
+        idle_since = now;
+        continue;
+      }
+      Nap();
+      idle_since = absl::InfinitePast();
       continue;
     }
+    napped_ = false;
     if (idle_since == absl::InfinitePast()) idle_since = now;
     // WRITEs in flight or expected (a destination waiting for a source's pull).
     const bool expecting = busy || awake;
@@ -267,16 +292,11 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
 
 void ProgressGroup::Block(bool soon, absl::Duration idle) {
   const int scan_ms = static_cast<int>(absl::ToInt64Milliseconds(kScanPeriod));
-  // fi_trywait(3): only block on the fds when the provider says nothing is pending inside.
-  auto trywait = [](const RailState& rs) {
-    fid* f = &rs.rail->cq()->fid;
-    return fi_trywait(rs.rail->fabric(), &f, 1) == FI_SUCCESS;
-  };
   int timeout_ms =
       soon ? scan_ms : static_cast<int>(absl::ToInt64Milliseconds(options_.asleep_poll));
   if (all_fd_) {
     for (auto& rs : rails_) {
-      if (!trywait(*rs)) return;
+      if (!TryWait(*rs)) return;
     }
   } else if (soon || !engine_->has_bell_ || idle < kBellLinger || engine_->Woken(absl::Now())) {
     // Rails without wait fds: polled every kScanPeriod while anything may come on them.
@@ -285,11 +305,60 @@ void ProgressGroup::Block(bool soon, absl::Duration idle) {
   // Else asleep until the bell rings, the inbox has work or asleep_poll has passed. The bell's fd
   // stays readable after its CQ got a completion until fi_trywait resets it, so it is asked
   // before any wait: else every wait would return at once.
-  if (bell_ != nullptr && !trywait(*bell_)) {
+  if (bell_ != nullptr && !TryWait(*bell_)) {
     bell_ready_ = true;
     return;
   }
   if (WaitFds(timeout_ms) > 0) bell_ready_ = bell_ != nullptr;
+}
+
+bool ProgressGroup::PassMovedData(absl::Duration pass) {
+  // The first pass sets the measure of an empty one; a shorter one lowers it at once, and
+  // passes judged empty move it slowly (a machine's pace changes).
+  if (quiet_pass_ == absl::ZeroDuration() || pass < quiet_pass_) quiet_pass_ = pass;
+  if (pass > quiet_pass_ + kMovedMargin) {
+    if (napped_) drained_ += pass - quiet_pass_;
+    return true;
+  }
+  quiet_pass_ += (pass - quiet_pass_) / 16;
+  return false;
+}
+
+bool ProgressGroup::Awake(absl::Time now) const {
+  return engine_->awake_.load(std::memory_order_relaxed) > 0 || engine_->Rung(now);
+}
+
+void ProgressGroup::Nap() {
+  if (napped_) {
+    // The data that waited after the last nap is drained: nothing came (a pause) -> nap twice
+    // as long; more than kNapBatch to drain (the sockets' buffers fill) -> half as long; less
+    // than half of it -> a quarter longer.
+    if (drained_ == absl::ZeroDuration()) {
+      nap_ = std::min(2 * nap_, kNapMax);
+    } else if (drained_ > kNapBatch) {
+      nap_ = std::max(nap_ / 2, kNapMin);
+    } else if (drained_ < kNapBatch / 2) {
+      nap_ = std::min(nap_ * 5 / 4, kNapMax);
+    }
+  }
+  napped_ = true;
+  drained_ = absl::ZeroDuration();
+  // Only new work ends a nap early. The bell is left out: a ring changes nothing for a group
+  // that is awake, and it is read within kScanPeriod anyway. Its fd could be waited on only
+  // after fi_trywait, and on tcp (rxm) a fi_trywait on the bell before every nap stalls the
+  // rails' incoming WRITEs.
+  waits_.store(waits_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  pollfd fd = {event_fd_, POLLIN, 0};
+  const timespec timeout = absl::ToTimespec(nap_);
+  if (ppoll(&fd, 1, &timeout, nullptr) > 0) {
+    uint64_t count;
+    [[maybe_unused]] const ssize_t r = read(event_fd_, &count, sizeof(count));  // reset it
+  }
+}
+
+bool ProgressGroup::TryWait(const RailState& rs) {
+  fid* f = &rs.rail->cq()->fid;
+  return fi_trywait(rs.rail->fabric(), &f, 1) == FI_SUCCESS;
 }
 
 bool ProgressGroup::ServiceBell() {

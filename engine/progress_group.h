@@ -354,6 +354,18 @@ class ProgressGroup {
   // `soon` or when it must poll rails without wait fds, else 1 s. `idle`: how long the loop
   // has made no progress.
   void Block(bool soon, absl::Duration idle);
+  // Whether a pass over the rails that gave no completion, and took `pass`, moved data: a
+  // WRITE landing gives its target none, but on tcp and shm the target's pass copies it.
+  bool PassMovedData(absl::Duration pass);
+  // Sleeps nap_ (adapted to what the last one let pile up) or until the inbox has work: a
+  // destination's pause between bursts of WRITEs, short enough that the sockets' buffers do not
+  // fill.
+  void Nap();
+  // The engine expects WRITEs (Engine::KeepAwake, a kBusy ring).
+  bool Awake(absl::Time now) const;
+  // fi_trywait(3): whether the provider has nothing pending inside, so that its fd may be waited
+  // on.
+  static bool TryWait(const RailState& rs);
   // Waits up to `timeout_ms` on the rails' wait fds and the inbox's eventfd (which it resets);
   // returns how many rail fds are ready.
   int WaitFds(int timeout_ms);
@@ -419,6 +431,10 @@ class ProgressGroup {
   absl::flat_hash_map<fi_addr_t, int> bells_;  // peers' bells in its AV, and how many peers each
   bool bell_ready_ = false;                    // its fd was readable
   absl::Time next_bell_poll_ = absl::InfinitePast();
+  absl::Duration quiet_pass_;  // what a pass over the rails that moves nothing takes
+  absl::Duration nap_;         // the next nap
+  absl::Duration drained_;     // the time spent copying data that waited after the last nap
+  bool napped_ = false;        // the loop has napped since it last made progress
   size_t control_slot_ = 0;
 
   absl::Mutex inbox_mu_;

@@ -71,8 +71,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{600000}));
   app.add_option("--spin-while-awake", options.engine.spin_while_awake,
-                 "during a pull into this node, poll the rails without pausing (false: block "
-                 "when no data waits; less CPU, less throughput on fast links)")
+                 "during a pull into this node, poll the rails without pausing (false: nap "
+                 "between bursts of data, for as long as the last burst suggests)")
       ->capture_default_str();
   app.add_option("--hmem-dmabuf", options.engine.hmem_dmabuf,
                  "register GPU memory on the rails as dma-bufs where libfabric and the driver "

@@ -88,6 +88,15 @@ std::string Node::Metrics() const {
     }
   }
 
+  const engine::ProgressCounters progress = engine_->Progress();
+  out.Family("ferry_progress_passes_total", "counter",
+             "Passes of the progress threads' loops, each polling every rail once.");
+  out.Sample("ferry_progress_passes_total", {}, static_cast<double>(progress.passes));
+  out.Family("ferry_progress_waits_total", "counter",
+             "Times the progress threads slept: blocked on their fds, or napped between bursts of "
+             "incoming WRITEs.");
+  out.Sample("ferry_progress_waits_total", {}, static_cast<double>(progress.waits));
+
   metrics_.Write(out);
 
   std::map<std::string, Usage> objects;

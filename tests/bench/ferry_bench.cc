@@ -54,6 +54,7 @@ struct EngineFlags {
   uint64_t max_write = 0;
   size_t max_iov = 0;
   bool wait_fds = engine::EngineOptions().wait_fds;
+  bool spin_while_awake = engine::EngineOptions().spin_while_awake;  // the destination's
   bool json = false;
   bool verify = false;
   bool counters = true;        // the engine's rail counters (EngineOptions::counters)
@@ -347,8 +348,10 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
         "# ferry-bench engine: provider %s, domain %s, %d iterations (median), "
         "raw baseline = one endpoint, fi_write loop, window %zu, run alternately with the "
         "engine; ratio = median of paired raw/engine times, p25-p75 their quartiles; "
-        "engine CQs %s wait fds; progress threads per engine: one per rail, at most %zu\n",
+        "engine CQs %s wait fds, destination %s; progress threads per engine: one per rail, "
+        "at most %zu\n",
         f.provider.c_str(), f.domain.c_str(), f.iters, f.window, f.wait_fds ? "with" : "without",
+        f.spin_while_awake ? "spinning" : "napping between bursts",
         f.threads == 0 ? engine::AutoProgressThreads(SIZE_MAX) : f.threads);
     std::printf("%-10s %5s %9s %5s %11s %9s %9s %10s %10s %9s %6s %9s %7s\n", "layout", "rails",
                 "bytes", "iters", "total", "time", "MB/sec", "usec/xfer", "Mxfers/sec", "raw MB/s",
@@ -356,11 +359,11 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
   }
   for (uint64_t rails : f.rails) {
     auto peer = std::make_unique<std::unique_ptr<testing::Subprocess>>();
-    auto hello =
-        SpawnHello(peer.get(),
-                   {self, "engine-peer", "--provider", f.provider, "--domain", f.domain, "--rails",
-                    std::to_string(rails), "--size", std::to_string(dst_size), "--progress-threads",
-                    std::to_string(f.threads), "--wait-fds", f.wait_fds ? "1" : "0"});
+    auto hello = SpawnHello(
+        peer.get(), {self, "engine-peer", "--provider", f.provider, "--domain", f.domain, "--rails",
+                     std::to_string(rails), "--size", std::to_string(dst_size),
+                     "--progress-threads", std::to_string(f.threads), "--wait-fds",
+                     f.wait_fds ? "1" : "0", "--spin-while-awake", f.spin_while_awake ? "1" : "0"});
     if (!hello.ok()) {
       std::cerr << hello.status() << "\n";
       return 1;
@@ -393,6 +396,7 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
                                       {"engine_writes", row.engine_writes},
                                       {"threads", row.threads},
                                       {"wait_fds", f.wait_fds},
+                                      {"spin_while_awake", f.spin_while_awake},
                                       {"ratio", row.ratio.median},
                                       {"ratio_p25", row.ratio.p25},
                                       {"ratio_p75", row.ratio.p75},
@@ -432,6 +436,7 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
                                     {"rails", rails},
                                     {"compare", "64 KiB scattered / 4 MiB contiguous"},
                                     {"wait_fds", f.wait_fds},
+                                    {"spin_while_awake", f.spin_while_awake},
                                     {"iters", f.iters},
                                     {"ratio", share->engine.median},
                                     {"ratio_p25", share->engine.p25},
@@ -524,6 +529,10 @@ int main(int argc, char** argv) {
   eng->add_option("--wait-fds", ef.wait_fds,
                   "engine: CQs with wait fds, idle progress threads block (false: they poll)")
       ->capture_default_str();
+  eng->add_option("--spin-while-awake", ef.spin_while_awake,
+                  "engine: the destination polls without pausing while it expects WRITEs "
+                  "(false: naps between bursts)")
+      ->capture_default_str();
   eng->add_flag("--json", ef.json, "one JSON object per row");
   eng->add_flag("--verify", ef.verify, "check every byte after each configuration");
   eng->add_flag("--counters-cost", ef.counters_cost,
@@ -546,6 +555,9 @@ int main(int argc, char** argv) {
   node->add_option("--max-extents", nf.max_extents,
                    "pieces of 64 KiB in the largest many-piece pull");
   node->add_option("--ferryd", nf.ferryd, "ferryd to start");
+  node->add_option("--ferryd-arg", nf.ferryd_args,
+                   "a flag for every ferryd, e.g. --ferryd-arg=--spin-while-awake=true "
+                   "(repeatable)");
   node->add_flag("--json", nf.json, "one JSON object per row");
   node->add_flag("--metrics-cost", nf.metrics_cost,
                  "instead of the tables: pulls with /metrics counting on against off");

@@ -39,9 +39,12 @@ using json = nlohmann::json;
 
 bool Start(testing::FerrydProcess& d, const NodeFlags& f, const std::string& dir,
            bool metrics = true) {
-  auto p = testing::StartFerryd(
-      f.ferryd, {"--data-dir", dir, "--domain", "lo", "--rails", std::to_string(f.rails),
-                 "--metrics", metrics ? "true" : "false"});
+  std::vector<std::string> args = {"--data-dir", dir,
+                                   "--domain",   "lo",
+                                   "--rails",    std::to_string(f.rails),
+                                   "--metrics",  metrics ? "true" : "false"};
+  args.insert(args.end(), f.ferryd_args.begin(), f.ferryd_args.end());
+  auto p = testing::StartFerryd(f.ferryd, args);
   if (!p.ok()) {
     std::cerr << p.status() << "\n";
     return false;

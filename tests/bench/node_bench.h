@@ -31,6 +31,7 @@ struct NodeFlags {
   // Instead of the tables: pulls between two nodes that count for /metrics and two that do
   // not (ferryd --metrics false), alternated.
   bool metrics_cost = false;
+  std::vector<std::string> ferryd_args;  // more flags for every ferryd
 };
 
 int RunNodeBench(const NodeFlags& flags);

@@ -18,7 +18,7 @@ struct RailsFlags {
   int iperf_seconds = 5;
   // Timed pulls per configuration and piece size: a row gives the median and the worst.
   int repeat = 3;
-  // More flags for both ferryd (e.g. --spin-while-awake=false).
+  // More flags for both ferryd (e.g. --spin-while-awake=true).
   std::vector<std::string> ferryd_args;
   // After each row, the same pull again with the source's rail 0 taken down halfway through it
   // (and brought back after): a "failover" row with both times.

@@ -268,6 +268,7 @@ TEST_P(EngineTest, WindowLargerThanTxDepthIsQueuedNotDropped) {
       std::vector<Extent> d(dst.begin() + static_cast<long>(begin),
                             dst.begin() + static_cast<long>(end));
       auto r = engine_->Write(Request(s, src_buf.region, d));
+      EXPECT_OK(r.status()) << "thread " << t;
       if (r.ok() && r->writes == end - begin) ++ok;
     });
   }
@@ -752,7 +753,8 @@ TEST(EngineIdleTest, IdleEngineUsesNoCpuAndAnAwakeOneSpinsOnlyWhenAsked) {
   struct Case {
     bool spin, wait_fds;
   };
-  for (const Case c : {Case{true, false}, Case{true, true}, Case{false, true}}) {
+  for (const Case c :
+       {Case{true, false}, Case{true, true}, Case{false, true}, Case{false, false}}) {
     EngineOptions o;
     o.domains = {"lo"};
     o.rails = 2;
@@ -773,7 +775,13 @@ TEST(EngineIdleTest, IdleEngineUsesNoCpuAndAnAwakeOneSpinsOnlyWhenAsked) {
         EXPECT_EQ(p.waits, 0u) << "an awake engine polls without pausing, " << what;
         EXPECT_GT(p.passes, 1000u) << what;
       } else {
-        EXPECT_GT(p.waits, 0u) << "an awake engine with no data waiting blocks, " << what;
+        EXPECT_GT(p.waits, 0u) << "an awake engine with no data waiting naps, " << what;
+        // Nothing arrives, so each nap is twice the last, up to 500 us: a few thousand passes
+        // a second where spinning makes hundreds of thousands. (With wait fds on the rails the
+        // bell's fi_trywait often refuses, and the loop naps less.)
+        if (!c.wait_fds) {
+          EXPECT_LE(p.passes, 50000u) << what;
+        }
       }
     }
     ASSERT_TRUE(AwaitAsleep(*engine)) << "asleep again, " << what;

@@ -274,6 +274,32 @@ TEST_F(RailsTest, NodesWithFourAndTwoRailsPullBothWays) {
   ExpectObject(TestBed::kA, "got-b", b_data);
 }
 
+// The destination of a pull on a slow rail naps between bursts of WRITEs (it used to poll
+// without pausing, a core for the whole pull) and still gets every byte. Its progress threads
+// count their sleeps and passes on /metrics.
+TEST_F(RailsTest, ADestinationNapsBetweenTheBurstsOfASlowPull) {
+  ASSERT_NO_FATAL_FAILURE(Start(1, 100, 1, 1));
+  const std::string data = Put(TestBed::kA, "weights", 8 << 20);  // 0.7 s at 100 Mbit/s
+  auto progress = [&](const char* family) {
+    auto r = Client(TestBed::kB).Get("/metrics");
+    EXPECT_TRUE(r && r->status == 200);
+    const std::string prefix = std::string(family) + " ";
+    const size_t at = r ? r->body.find("\n" + prefix) : std::string::npos;
+    EXPECT_NE(at, std::string::npos) << family;
+    return at == std::string::npos ? 0.0 : std::stod(r->body.substr(at + 1 + prefix.size()));
+  };
+  const double waits = progress("ferry_progress_waits_total");
+  const double passes = progress("ferry_progress_passes_total");
+  const json stats = Pull(TestBed::kB, "weights", "copy");
+  ASSERT_TRUE(stats.is_object());
+  ExpectObject(TestBed::kB, "copy", data);
+  // Naps last 500 us at most: a pull this long takes hundreds; a spinning destination takes
+  // none and passes millions of times.
+  const double naps = progress("ferry_progress_waits_total") - waits;
+  EXPECT_GT(naps, 100) << stats;
+  EXPECT_LT(progress("ferry_progress_passes_total") - passes, 100 * naps) << stats;
+}
+
 // The source's end of a rail goes down before a pull and at 10%, 50% and 90% of one (watched
 // on the kernel's byte counters): each pull completes over the other rails, names the rail,
 // and every byte is right; the rail carries traffic again once it is back. The source runs a

@@ -81,6 +81,8 @@ int RunEnginePeer(int argc, char** argv) {
       options.progress_threads = std::stoul(value);
     else if (flag == "--wait-fds")
       options.wait_fds = value == "1";
+    else if (flag == "--spin-while-awake")
+      options.spin_while_awake = value == "1";
   }
   auto state = std::make_shared<PeerState>();
   options.on_control = [state](std::string_view, std::string_view payload) {
