@@ -120,6 +120,10 @@ struct EngineOptions {
   // with it (a NIC that refuses posts, a provider that claims FI_HMEM and cannot move GPU
   // memory), which the real providers cannot be made to do on demand. Default: none.
   std::function<int(size_t rail, bool from_gpu)> post_fault;
+  // Tests only: whether a destination's pass over its rails moved data, in place of timing
+  // the pass (see spin_while_awake): what a machine too slow or too busy to tell the passes
+  // apart would judge. Default: none.
+  std::function<bool()> pass_moved;
   // Called on a progress thread for every control message a peer sends (put together from its
   // frames): the sender's node id and the payload. Must not block. Default: none (messages
   // are dropped).
@@ -201,7 +205,7 @@ struct RailCounters {
 // What an engine's progress threads did, summed over them: how they spend an idle second, and
 // whether an awake one spins or blocks, without timing them.
 struct ProgressCounters {
-  uint64_t passes = 0;  // passes of their loops (each polls every rail once)
+  uint64_t passes = 0;  // passes of their loops over the rails
   uint64_t waits = 0;   // times they waited on their fds with a timeout (not a poll)
 };
 

@@ -313,6 +313,7 @@ void ProgressGroup::Block(bool soon, absl::Duration idle) {
 }
 
 bool ProgressGroup::PassMovedData(absl::Duration pass) {
+  if (options_.pass_moved) return options_.pass_moved();
   // The first pass sets the measure of an empty one; a shorter one lowers it at once, and
   // passes judged empty move it slowly (a machine's pace changes).
   if (quiet_pass_ == absl::ZeroDuration() || pass < quiet_pass_) quiet_pass_ = pass;

@@ -83,6 +83,8 @@ int RunEnginePeer(int argc, char** argv) {
       options.wait_fds = value == "1";
     else if (flag == "--spin-while-awake")
       options.spin_while_awake = value == "1";
+    else if (flag == "--passes-move-nothing" && value == "1")
+      options.pass_moved = [] { return false; };
   }
   auto state = std::make_shared<PeerState>();
   options.on_control = [state](std::string_view, std::string_view payload) {
@@ -146,6 +148,9 @@ int RunEnginePeer(int argc, char** argv) {
       reply = {{"fires", state->fires[tag]},
                {"arrived", counters.count(tag) == 0 ? 0 : counters[tag]->arrived()},
                {"immediates", immediates}};
+    } else if (cmd == "progress") {
+      const engine::ProgressCounters p = (*engine)->Progress();
+      reply = {{"passes", p.passes}, {"waits", p.waits}};
     } else if (cmd == "awake") {
       awake = (*engine)->KeepAwake();
       reply = {{"ok", true}};

@@ -2,7 +2,8 @@
 // destination region, driven by JSON lines on stdin, answering on stdout.
 //
 // Flags: --provider P --rails N --domain D (repeatable) --size BYTES --canary BYTE
-//        --progress-threads N
+//        --progress-threads N --wait-fds 0|1 --spin-while-awake 0|1
+//        --passes-move-nothing 1 (EngineOptions::pass_moved says no pass moved data)
 // First line out: {"address":{"node":..,"rails":[hex..]},"region":<descriptor>}.
 // Requests (one JSON object a line) and replies:
 //   {"cmd":"verify","seed":S,"src":[[off,len],..],"dst":[[off,len],..]}
@@ -12,6 +13,7 @@
 //   {"cmd":"fires","tag":T}              -> {"fires":F,"arrived":A,"immediates":I}: A of the
 //                                            tag's counter, I every immediate that landed
 //   {"cmd":"controls"}                   -> {"count":N,"last":".."}
+//   {"cmd":"progress"}                   -> {"passes":P,"waits":W}: Engine::Progress()
 //   {"cmd":"awake"} / {"cmd":"sleep"}    -> {"ok":true}: take / drop an Engine::KeepAwake token
 //   {"cmd":"exit"}                       -> {"ok":true}, then the process exits
 #ifndef FERRY_TESTS_TESTING_ENGINE_PEER_H_
