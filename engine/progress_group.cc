@@ -39,11 +39,11 @@ constexpr absl::Duration kNapMin = absl::Microseconds(10);
 constexpr absl::Duration kNapMax = absl::Microseconds(500);
 constexpr absl::Duration kNapBatch = absl::Microseconds(20);
 // A pass over the rails that took this much longer than an empty one moved data.
+constexpr absl::Duration kMovedMargin = absl::Microseconds(1);
 // On tcp a call into the provider takes at most one message off each socket; a destination
 // that expects WRITEs polls each rail this many times a pass, so that a pass after a nap drains
 // that many of the WRITEs that came meanwhile, and a backlog shows in the pass's time.
 constexpr size_t kPollsWhileAwake = 8;
-constexpr absl::Duration kMovedMargin = absl::Microseconds(1);
 // Send slots per rail for control messages, and how many of them a hello may not take: a
 // hello to a peer that never answers keeps its slot.
 constexpr size_t kSendSlots = 64;
@@ -345,9 +345,8 @@ void ProgressGroup::Nap() {
   napped_ = true;
   drained_ = absl::ZeroDuration();
   // Only new work ends a nap early. The bell is left out: a ring changes nothing for a group
-  // that is awake, and it is read within kScanPeriod anyway. Its fd could be waited on only
-  // after fi_trywait, and on tcp (rxm) a fi_trywait on the bell before every nap stalls the
-  // rails' incoming WRITEs.
+  // that is awake, it is read within kScanPeriod anyway, and its fd, readable until fi_trywait
+  // resets it (see Block), would cost a fi_trywait before every nap.
   waits_.store(waits_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   pollfd fd = {event_fd_, POLLIN, 0};
   const timespec timeout = absl::ToTimespec(nap_);
