@@ -28,7 +28,7 @@ class Future : public PullFuture {
 
 struct EmbeddedNode::Impl {
   std::unique_ptr<server::Node> node;
-  httplib::Server http;
+  server::HttpServer http{server::ConnectionLimits{}};
   std::thread serving;
   std::string url;
   ~Impl() {
@@ -60,8 +60,7 @@ absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(
   ASSIGN_OR_RETURN(impl->node, server::Node::Open(no));
   server::InstallRoutes(impl->http, *impl->node, {.token = options.token});
   const std::string host = options.listen.substr(0, colon);
-  const int port = want == 0 ? impl->http.bind_to_any_port(host.c_str())
-                             : (impl->http.bind_to_port(host.c_str(), want) ? want : -1);
+  const int port = impl->http.Bind(host, want);
   if (port < 0) return absl::UnavailableError("cannot listen on " + options.listen);
   impl->url = absl::StrCat("http://", host, ":", port);
   impl->serving = std::thread([h = &impl->http] { h->listen_after_bind(); });

@@ -101,6 +101,27 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "fabric", "http"}));
   app.add_flag("--insecure", insecure, "allow a non-loopback --listen without a token");
+  ferry::server::ConnectionLimits limits;
+  int64_t head_timeout_ms = absl::ToInt64Milliseconds(limits.head_timeout);
+  app.add_option("--http-head-timeout-ms", head_timeout_ms,
+                 "a request's head must arrive whole this long after its first byte; a body "
+                 "or an answer gets it as grace before --http-min-rate-kib applies")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{100}, int64_t{600000}));
+  size_t min_rate_kib = limits.min_rate >> 10;
+  app.add_option("--http-min-rate-kib", min_rate_kib,
+                 "KiB per second a request body or an answer must keep up")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30));
+  app.add_option("--http-max-slow", limits.max_slow,
+                 "HTTP requests that may be slow at once (their head past 1 s, or behind the "
+                 "minimum rate); one more is closed with 408")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{100000}));
+  app.add_option("--http-max-workers", limits.max_workers,
+                 "threads serving HTTP connections, one each (more connections wait)")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{2}, size_t{100000}));
   app.add_option("--drain-grace-s", drain_grace_s,
                  "on SIGTERM or POST /v1/drain, how long running pulls may take to finish")
       ->capture_default_str();
@@ -192,6 +213,8 @@ int main(int argc, char** argv) {
     options.cluster_key = ferry::wire::ClusterKeyFromToken(http.token);
   }
   http.max_body = max_body_mb << 20;
+  limits.head_timeout = absl::Milliseconds(head_timeout_ms);
+  limits.min_rate = min_rate_kib << 10;
   options.directory_ttl = absl::Seconds(directory_ttl_s);
   options.directory_token = http.token;
   for (const std::string& l : labels) {
@@ -212,10 +235,9 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   // Bound first: the node's URL (and its own directory's) has the port in it.
-  httplib::Server server;
+  ferry::server::HttpServer server(limits);
   ferry::server::SetSocketOptions(server);
-  const int bound = port == 0 ? server.bind_to_any_port(host.c_str())
-                              : (server.bind_to_port(host.c_str(), port) ? port : -1);
+  const int bound = server.Bind(host, port);
   if (bound < 0) {
     std::cerr << "ferryd: cannot listen on " << listen << "\n";
     return 1;

@@ -515,7 +515,8 @@ void SetSocketOptions(httplib::Server& server) {
   });
 }
 
-void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& options) {
+void InstallRoutes(HttpServer& server, Node& node, const HttpOptions& options) {
+  server.on_slow_close = [&node](const char* why) { node.metrics().http_slow_closed.Add({why}); };
   server.set_payload_max_length(options.max_body);
   // httplib's stop() waits for idle keep-alive connections to time out: a short idle timeout
   // bounds how long a node takes to stop while clients and peers hold connections to it.

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cluster/directory_store.h"
+#include "server/http_server.h"
 #include "server/node.h"
 
 namespace httplib {
@@ -29,9 +30,10 @@ struct HttpOptions {
   cluster::DirectoryStore* directory = nullptr;
 };
 
-// Installs every route on `server`; `node` must outlive it. Binding after it sets the
-// server's sockets up too (SetSocketOptions).
-void InstallRoutes(httplib::Server& server, Node& node, const HttpOptions& options);
+// Installs every route on `server`, and counts its slow connections in the node's metrics;
+// `node` must outlive it. Binding after it sets the server's sockets up too
+// (SetSocketOptions).
+void InstallRoutes(HttpServer& server, Node& node, const HttpOptions& options);
 
 // The options of the sockets `server` binds from now on: SO_REUSEADDR, and TCP_NODELAY, which
 // accepted connections inherit (httplib 0.11's set_tcp_nodelay sets it on no server socket:

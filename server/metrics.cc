@@ -136,6 +136,11 @@ NodeMetrics::NodeMetrics()
                   {"type", "via"}, Powers(10e-6, 2, 20)),
       http_requests("ferry_http_requests_total", "HTTP requests answered, by route and code.",
                     {"route", "code"}),
+      http_slow_closed("ferry_http_slow_closed_total",
+                       "HTTP connections closed for being slow, by why: head (the request's head "
+                       "came too late), rate (a body or an answer fell behind the minimum rate), "
+                       "slots (too many requests were slow at once).",
+                       {"why"}),
       upload_bytes("ferry_upload_bytes_total",
                    "Bytes of the uploads stored, by how: streamed into their buffer as they came, "
                    "or buffered whole first (a body without a Content-Length).",
@@ -157,8 +162,8 @@ namespace {
 // Every family of `m` (const or not, as `m` is).
 template <typename Metrics>
 auto Families(Metrics& m) {
-  return std::array{&m.pulls,       &m.pull_bytes,    &m.pull_seconds, &m.pull_size,
-                    &m.round_trips, &m.http_requests, &m.upload_bytes};
+  return std::array{&m.pulls,       &m.pull_bytes,    &m.pull_seconds,     &m.pull_size,
+                    &m.round_trips, &m.http_requests, &m.http_slow_closed, &m.upload_bytes};
 }
 
 }  // namespace

@@ -101,14 +101,15 @@ struct NodeMetrics {
   void PullEnded(uint64_t log_id, std::string_view role, std::string_view path,
                  const absl::Status& outcome, uint64_t bytes, double seconds);
 
-  MetricFamily pulls;          // {role, path, outcome}
-  MetricFamily pull_bytes;     // {role, path}: bytes of the pulls that succeeded
-  MetricFamily pull_seconds;   // histogram {role}
-  MetricFamily pull_size;      // histogram {role}: bytes of each pull that succeeded
-  MetricFamily round_trips;    // histogram {type, via}: a control message and its answer
-  MetricFamily http_requests;  // {route, code}
-  MetricFamily upload_bytes;   // {how}: "streamed" into their buffer, or "buffered" whole first
-  PullLog log;                 // kept when the counting is disabled
+  MetricFamily pulls;             // {role, path, outcome}
+  MetricFamily pull_bytes;        // {role, path}: bytes of the pulls that succeeded
+  MetricFamily pull_seconds;      // histogram {role}
+  MetricFamily pull_size;         // histogram {role}: bytes of each pull that succeeded
+  MetricFamily round_trips;       // histogram {type, via}: a control message and its answer
+  MetricFamily http_requests;     // {route, code}
+  MetricFamily http_slow_closed;  // {why}: connections closed for being slow (HttpServer)
+  MetricFamily upload_bytes;      // {how}: "streamed" into their buffer, or "buffered" whole first
+  PullLog log;                    // kept when the counting is disabled
   void Write(MetricsText& out) const;
   void Disable();
 };

@@ -1,6 +1,14 @@
-"""Limits that refuse cleanly (issue 28): the host memory budget (--memory-limit-mb)."""
+"""Limits that refuse cleanly (issue 28): the host memory budget (--memory-limit-mb), and
+HTTP clients that are slow on purpose (slow heads, bodies and readers), which the node closes
+while it goes on serving everyone else."""
 
 from __future__ import annotations
+
+import re
+import select
+import socket
+import threading
+import time
 
 import pytest
 
@@ -55,3 +63,122 @@ def test_a_second_ferryd_on_a_port_in_use_stops_with_the_reason(small, tmp_path)
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "cannot listen" in r.stderr, r.stderr
     assert call(small.url + "/v1/health")[0] == 200
+
+
+# Slow clients. The node closes a request whose head is not whole 2 s after its first byte;
+# a request slow for 1 s takes one of 2 slots, and one more slow request is closed at once.
+HEAD_TIMEOUT_S = 2.0
+
+
+@pytest.fixture
+def guarded(tmp_path):
+    d = helpers.start_ferryd(tmp_path / "guarded", "--http-head-timeout-ms",
+                             str(int(HEAD_TIMEOUT_S * 1000)), "--http-max-slow", "2",
+                             "--http-min-rate-kib", "65536")
+    d.host, d.port = d.info["listen"].rsplit(":", 1)
+    yield d
+    assert d.stop() == 0
+
+
+def connect(node) -> socket.socket:
+    return socket.create_connection((node.host, int(node.port)), timeout=30)
+
+
+def drip(sock: socket.socket, data: bytes, every: float, seconds: float) -> bytes:
+    """Sends `data` a byte or a chunk at a time (len(data) // 400 + 1 bytes each `every`
+    seconds) until the peer answers or closes, for at most `seconds`; returns the answer."""
+    step = len(data) // 400 + 1
+    end = time.monotonic() + seconds
+    sent = 0
+    while sent < len(data) and time.monotonic() < end:
+        try:
+            sock.sendall(data[sent:sent + step])
+        except OSError:
+            break
+        sent += step
+        if select.select([sock], [], [], every)[0]:
+            break
+    return read_to_end(sock)
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    out = b""
+    while True:
+        try:
+            chunk = sock.recv(1 << 20)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def slow_closed(node) -> dict[str, float]:
+    text = call(node.url + "/metrics")[2].decode()
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r'ferry_http_slow_closed_total\{why="(\w+)"\} (\S+)', text)}
+
+
+def test_slow_heads_are_closed_with_408_and_every_route_stays_served(guarded):
+    # 12 connections dripping their heads a byte every 50 ms: more than httplib's pool of 8
+    # threads, which they used to hold until the head came (20 s here).
+    head = b"GET /v1/health HTTP/1.1\r\nHost: a\r\n" + b"X-Slow: " + b"s" * 400 + b"\r\n\r\n"
+    socks = [connect(guarded) for _ in range(12)]
+    for s in socks:
+        s.sendall(head[:10])
+    answers = [b""] * len(socks)
+
+    def one(i):
+        answers[i] = drip(socks[i], head[10:], 0.05, 20)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(socks))]
+    for t in threads:
+        t.start()
+    # While they drip, other requests are served.
+    status, _, body = call(guarded.url + "/v1/health")
+    assert (status, body) == (200, {"status": "ok"})
+    for t in threads:
+        t.join()
+    for a in answers:
+        assert a.startswith(b"HTTP/1.1 408 "), a
+        assert b'"code":"DEADLINE_EXCEEDED"' in a
+    late = [a for a in answers if b"did not arrive in time" in a]
+    refused = [a for a in answers if b"too many slow requests" in a]
+    assert (len(late), len(refused)) == (2, 10)
+    assert slow_closed(guarded) == {"head": 2, "slots": 10}
+    assert call(guarded.url + "/v1/health")[0] == 200
+
+
+def test_a_body_that_falls_behind_the_minimum_rate_is_refused_and_changes_nothing(guarded):
+    size = 4 << 20
+    s = connect(guarded)
+    s.sendall(b"PUT /v1/objects/slow/data HTTP/1.1\r\nHost: a\r\nContent-Length: "
+              + str(size).encode() + b"\r\n\r\n")
+    answer = drip(s, bytes(size), 0.05, 20)  # 10 KiB every 50 ms: far below 64 MiB/s
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"fell behind the minimum rate" in answer
+    assert slow_closed(guarded) == {"rate": 1}
+    assert call(guarded.url + "/v1/objects/slow")[0] == 404
+
+
+def test_a_reader_that_falls_behind_is_cut_off(guarded):
+    size = 64 << 20
+    ferry.Client(guarded.url).put("big", pattern(size))
+    s = connect(guarded)
+    s.sendall(b"GET /v1/objects/big/data HTTP/1.1\r\nHost: a\r\n\r\n")
+    # Nothing read until the node has closed the connection: what fit in the sockets' buffers.
+    helpers.wait_until(lambda: slow_closed(guarded).get("rate") == 1, "slow reader closed")
+    got = read_to_end(s)
+    assert got.startswith(b"HTTP/1.1 200 ") and len(got) < size
+    assert call(guarded.url + "/v1/health")[0] == 200
+
+
+def test_pipelined_requests_are_all_answered_in_order(guarded):
+    s = connect(guarded)
+    one = b"GET /v1/health HTTP/1.1\r\nHost: a\r\n\r\n"
+    last = b"GET /v1/objects/none HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+    s.sendall(one * 3 + last)
+    got = read_to_end(s)
+    statuses = re.findall(rb"HTTP/1.1 (\d+) ", got)
+    assert statuses == [b"200", b"200", b"200", b"404"], got
+

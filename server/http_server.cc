@@ -1,0 +1,313 @@
+#include "server/http_server.h"
+
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "wire/http_status.h"
+
+namespace ferry::server {
+
+namespace {
+
+// httplib's task queue, grown a thread at a time while every thread is busy, up to a limit;
+// the threads stay until shutdown, which runs what is queued first.
+class Workers : public httplib::TaskQueue {
+ public:
+  explicit Workers(size_t max) : max_(max) {}
+
+  void enqueue(std::function<void()> fn) override {
+    absl::MutexLock l(&mu_);
+    queue_.push_back(std::move(fn));
+    if (idle_ < queue_.size() && threads_.size() < max_) {
+      threads_.emplace_back([this] { Loop(); });
+    }
+  }
+
+  void shutdown() override {
+    std::vector<std::thread> threads;
+    {
+      absl::MutexLock l(&mu_);
+      stopping_ = true;
+      threads.swap(threads_);
+    }
+    for (std::thread& t : threads) t.join();
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      std::function<void()> fn;
+      {
+        absl::MutexLock l(&mu_);
+        ++idle_;
+        mu_.Await(absl::Condition(
+            +[](Workers* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) {
+              return !w->queue_.empty() || w->stopping_;
+            },
+            this));
+        --idle_;
+        if (queue_.empty()) return;
+        fn = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      fn();
+    }
+  }
+
+  const size_t max_;
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  size_t idle_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+void AddressOf(int sock, bool peer, std::string& ip, int& port) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  const int r = peer ? getpeername(sock, reinterpret_cast<sockaddr*>(&addr), &len)
+                     : getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &len);
+  if (r != 0) return;
+  char host[NI_MAXHOST];
+  char serv[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof host, serv, sizeof serv,
+                  NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+    ip = host;
+    port = std::atoi(serv);
+  }
+}
+
+}  // namespace
+
+// One accepted connection as httplib's Stream, kept across the requests it carries, with the
+// deadlines and the slow-request slots of ConnectionLimits. Used by one thread.
+class HttpServer::Connection : public httplib::Stream {
+ public:
+  Connection(int sock, HttpServer& server) : sock_(sock), server_(server) {}
+  ~Connection() override { Settle(); }
+
+  // Waits for the next request's first byte: the first request's head is due from the
+  // connection's start, a later one's from its first byte, which may take up to `idle`.
+  bool AwaitRequest(bool first, absl::Duration idle) {
+    answered_ = false;
+    if (first) {
+      Begin(kHead);
+      return begin_ != end_ || Await(POLLIN);
+    }
+    if (begin_ == end_) {
+      pollfd p{sock_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(idle))) <= 0) return false;
+    }
+    Begin(kHead);
+    return true;
+  }
+  // The head is in: what follows is the body (`length` bytes; 0 for none or chunked).
+  void BeginBody(size_t length) {
+    Begin(kBody);
+    body_length_ = length;
+  }
+  void EndRequest() { Settle(); }
+
+  bool is_readable() const override {
+    if (begin_ != end_) return true;
+    pollfd p{sock_, POLLIN, 0};
+    return poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(server_.limits_.head_timeout))) >
+           0;
+  }
+  bool is_writable() const override {
+    pollfd p{sock_, POLLOUT, 0};
+    return poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(server_.limits_.head_timeout))) >
+           0;
+  }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (closed_) return -1;
+    if (begin_ == end_) {
+      const bool direct = size >= sizeof buf_;
+      ssize_t n;
+      do {
+        if (!Await(POLLIN)) return -1;
+        n = recv(sock_, direct ? ptr : buf_, direct ? size : sizeof buf_, MSG_DONTWAIT);
+      } while (n < 0 && (errno == EINTR || errno == EAGAIN));
+      if (n <= 0) return n;
+      bytes_ += static_cast<size_t>(n);
+      if (direct) return n;
+      begin_ = 0;
+      end_ = static_cast<size_t>(n);
+    }
+    const size_t n = std::min(size, end_ - begin_);
+    std::memcpy(ptr, buf_ + begin_, n);
+    begin_ += n;
+    return static_cast<ssize_t>(n);
+  }
+
+  ssize_t write(const char* ptr, size_t size) override {
+    if (closed_) return -1;
+    // The answer starts with its first byte out, unless the body is still due (a 100
+    // Continue goes out before it).
+    if (phase_ != kAnswer && (phase_ != kBody || bytes_ >= body_length_)) Begin(kAnswer);
+    answered_ = true;
+    ssize_t n;
+    do {
+      if (!Await(POLLOUT)) return -1;
+      n = send(sock_, ptr, size, MSG_DONTWAIT | MSG_NOSIGNAL);
+    } while (n < 0 && (errno == EINTR || errno == EAGAIN));
+    if (n > 0 && phase_ == kAnswer) bytes_ += static_cast<size_t>(n);
+    return n;
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    AddressOf(sock_, true, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    AddressOf(sock_, false, ip, port);
+  }
+  socket_t socket() const override { return sock_; }
+
+ private:
+  enum Phase { kIdle, kHead, kBody, kAnswer };
+
+  void Begin(Phase phase) {
+    Settle();
+    phase_ = phase;
+    start_ = absl::Now();
+    bytes_ = 0;
+  }
+  // Gives back the slow slot the phase held.
+  void Settle() {
+    if (slow_) server_.slow_.fetch_sub(1, std::memory_order_relaxed);
+    slow_ = false;
+    phase_ = kIdle;
+  }
+
+  // When the phase is behind by `grace`: a head not whole after it, a body or an answer
+  // that has moved fewer than min_rate bytes a second since.
+  absl::Time Due(absl::Duration grace) const {
+    if (phase_ == kHead) return start_ + grace;
+    return start_ + grace +
+           absl::Seconds(static_cast<double>(bytes_) /
+                         static_cast<double>(server_.limits_.min_rate));
+  }
+
+  // Waits for `events`; false once the peer is too slow (the connection is then closed).
+  bool Await(short events) {
+    const ConnectionLimits& limits = server_.limits_;
+    while (true) {
+      const absl::Time now = absl::Now();
+      const absl::Time late = Due(limits.head_timeout);
+      if (now >= late) {
+        return phase_ == kHead ? Close("head", "the request's head did not arrive in time")
+                               : Close("rate", "the peer fell behind the minimum rate");
+      }
+      const absl::Time slow = Due(limits.slow_after);
+      if (!slow_ && now >= slow) {
+        if (server_.slow_.fetch_add(1, std::memory_order_relaxed) >= limits.max_slow) {
+          server_.slow_.fetch_sub(1, std::memory_order_relaxed);
+          return Close("slots", "too many slow requests at once");
+        }
+        slow_ = true;
+      }
+      const absl::Duration wait = (slow_ ? late : slow) - now;
+      pollfd p{sock_, events, 0};
+      const int n = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(wait)) + 1);
+      if (n > 0) return true;
+      if (n < 0 && errno != EINTR) return false;
+    }
+  }
+
+  // Closes the connection for being slow (`why`: head, rate or slots): a 408 where no answer
+  // has started.
+  bool Close(const char* why, const std::string& message) {
+    if (server_.on_slow_close) server_.on_slow_close(why);
+    if (!answered_) {
+      const std::string body = ErrorBody(absl::DeadlineExceededError(message)).dump();
+      const std::string out = absl::StrCat(
+          "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: ", kJsonContentType,
+          "\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+      IgnoreResult(send(sock_, out.data(), out.size(), MSG_DONTWAIT | MSG_NOSIGNAL));
+    }
+    closed_ = true;
+    // A lingering close: what the peer still sends is read and dropped for a moment, so that
+    // closing with it unread does not reset the connection before the peer has read the 408.
+    ::shutdown(sock_, SHUT_WR);
+    const absl::Time end = absl::Now() + kLinger;
+    for (absl::Time now = absl::Now(); now < end; now = absl::Now()) {
+      pollfd p{sock_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(end - now)) + 1) <= 0 ||
+          recv(sock_, buf_, sizeof buf_, MSG_DONTWAIT) <= 0) {
+        break;
+      }
+    }
+    return false;
+  }
+  static constexpr absl::Duration kLinger = absl::Milliseconds(500);
+  static void IgnoreResult(ssize_t) {}
+
+  const int sock_;
+  HttpServer& server_;
+  Phase phase_ = kIdle;
+  absl::Time start_;
+  size_t bytes_ = 0;        // moved in this phase
+  size_t body_length_ = 0;  // of the request being read
+  bool slow_ = false;       // holds one of the server's slow slots
+  bool answered_ = false;   // bytes of an answer went out on this request
+  bool closed_ = false;
+  char buf_[16384];
+  size_t begin_ = 0, end_ = 0;
+};
+
+namespace {
+ConnectionLimits Checked(ConnectionLimits limits) {
+  limits.slow_after = std::min(limits.slow_after, limits.head_timeout / 2);
+  limits.min_rate = std::max<size_t>(limits.min_rate, 1);
+  return limits;
+}
+}  // namespace
+
+HttpServer::HttpServer(const ConnectionLimits& limits) : limits_(Checked(limits)) {
+  new_task_queue = [max = limits.max_workers] { return new Workers(max); };
+}
+
+int HttpServer::Bind(const std::string& host, int port) {
+  const int bound = port == 0 ? bind_to_any_port(host) : (bind_to_port(host, port) ? port : -1);
+  // httplib listens with a backlog of 5: connections beyond it wait a second for their SYN to
+  // be sent again. Listening again widens it.
+  if (bound >= 0) ::listen(svr_sock_, SOMAXCONN);
+  return bound;
+}
+
+bool HttpServer::process_and_close_socket(socket_t sock) {
+  bool ok = false;
+  {
+    Connection c(sock, *this);
+    for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
+      if (!c.AwaitRequest(left == keep_alive_max_count_, absl::Seconds(keep_alive_timeout_sec_))) {
+        break;
+      }
+      bool closed = false;
+      ok = process_request(c, left == 1, closed, [&c](httplib::Request& req) {
+        c.BeginBody(req.get_header_value<uint64_t>("Content-Length"));
+      });
+      c.EndRequest();
+      if (!ok || closed) break;
+    }
+  }
+  ::shutdown(sock, SHUT_RDWR);
+  ::close(sock);
+  return ok;
+}
+
+}  // namespace ferry::server
