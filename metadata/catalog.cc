@@ -1,5 +1,7 @@
 #include "metadata/catalog.h"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <iterator>
 #include <limits>
@@ -161,6 +163,16 @@ absl::Status DropVersions(rocksdb::DB& db, rocksdb::ColumnFamilyHandle* objects,
   return FromRocksDb(it->status(), "scan versions");
 }
 
+// InsufficientStorage unless the disk under `dir` has `min_free` bytes free.
+absl::Status CheckFreeSpace(const std::string& dir, uint64_t min_free) {
+  struct statvfs v {};
+  if (min_free == 0 || statvfs(dir.c_str(), &v) != 0) return absl::OkStatus();
+  const uint64_t free = static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+  if (free >= min_free) return absl::OkStatus();
+  return InsufficientStorage(absl::StrCat("the data disk has ", free >> 20, " MiB free, below the ",
+                                          min_free >> 20, " MiB ferryd keeps free (", dir, ")"));
+}
+
 }  // namespace
 
 absl::Status CheckLatest(const std::string& name, uint64_t latest, uint64_t want) {
@@ -199,6 +211,11 @@ absl::StatusOr<std::unique_ptr<Catalog>> Catalog::Open(const std::string& dir,
                                                        const CatalogOptions& options) {
   std::unique_ptr<Catalog> c(new Catalog());
   c->options_ = options;
+  c->dir_ = dir;
+  // RocksDB (Debian's build, with its assertions) aborts on a write that finds the disk full,
+  // and opening writes (a new log, the regions cleared): no write, opening included, goes to
+  // the store without the room kept free.
+  RETURN_IF_ERROR(CheckFreeSpace(dir, options.min_free_bytes));
   rocksdb::Options opts;
   opts.create_if_missing = true;
   opts.create_missing_column_families = true;
@@ -275,10 +292,9 @@ absl::StatusOr<uint64_t> Catalog::NextRegionId() {
   std::string value;
   RETURN_IF_ERROR(FromRocksDb(db_->Get({}, meta_, kNextRegionKey, &value), "read region id"));
   const uint64_t id = DecodeU64(value);
-  rocksdb::WriteOptions wo;
-  wo.sync = options_.sync;
-  RETURN_IF_ERROR(
-      FromRocksDb(db_->Put(wo, meta_, kNextRegionKey, EncodeU64(id + 1)), "write region id"));
+  rocksdb::WriteBatch batch;
+  batch.Put(meta_, kNextRegionKey, EncodeU64(id + 1));
+  RETURN_IF_ERROR(WriteLocked(batch, "write region id"));
   return id;
 }
 
@@ -331,9 +347,7 @@ absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
     RETURN_IF_ERROR(
         DropVersions(*db_, objects_, name, r.version - options_.keep_versions, batch, removed));
   }
-  rocksdb::WriteOptions wo;
-  wo.sync = options_.sync;
-  RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), "publish"));
+  RETURN_IF_ERROR(WriteLocked(batch, "publish"));
   for (uint64_t region : RegionsOf(extents)) ++region_users_[region];
   ForgetLocked(removed, released);
   Cache(VersionKey(name, r.version),
@@ -467,11 +481,16 @@ absl::Status Catalog::Delete(const std::string& name, std::set<uint64_t>* releas
   std::vector<ObjectRecord> removed;
   RETURN_IF_ERROR(
       DropVersions(*db_, objects_, name, std::numeric_limits<uint64_t>::max(), batch, removed));
-  rocksdb::WriteOptions wo;
-  wo.sync = options_.sync;
-  RETURN_IF_ERROR(FromRocksDb(db_->Write(wo, &batch), "delete object"));
+  RETURN_IF_ERROR(WriteLocked(batch, "delete object"));
   ForgetLocked(removed, released);
   return absl::OkStatus();
+}
+
+absl::Status Catalog::WriteLocked(rocksdb::WriteBatch& batch, std::string_view what) {
+  RETURN_IF_ERROR(CheckFreeSpace(dir_, options_.min_free_bytes));
+  rocksdb::WriteOptions wo;
+  wo.sync = options_.sync;
+  return FromRocksDb(db_->Write(wo, &batch), what);
 }
 
 void Catalog::ForgetLocked(const std::vector<ObjectRecord>& removed, std::set<uint64_t>* released) {

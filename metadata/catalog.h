@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -21,6 +22,7 @@
 namespace rocksdb {
 class DB;
 class ColumnFamilyHandle;
+class WriteBatch;
 }  // namespace rocksdb
 
 namespace ferry::metadata {
@@ -57,6 +59,11 @@ struct CatalogOptions {
   // Versions kept per name: publishing version N removes those up to N - keep_versions, in the
   // same write. 0: every version. Default: 0.
   size_t keep_versions = 0;
+  // Bytes the data disk keeps free: below them the store is neither opened nor written
+  // (InsufficientStorage, HTTP 507), and writes go on once there is room again. RocksDB
+  // aborts the process on a write that finds the disk full: this margin is what keeps it
+  // from one, unless something else fills the disk faster. Default: 64 MiB.
+  uint64_t min_free_bytes = uint64_t{64} << 20;
 };
 
 // kInvalidArgument unless `name` is 1 to 256 characters of letters, digits and "._-/", with
@@ -70,7 +77,11 @@ absl::Status CheckLatest(const std::string& name, uint64_t latest, uint64_t want
 class Catalog {
  public:
   // Opens (creating if needed) the store under `dir`. kDataLoss: a store of another schema
-  // version. kUnavailable: the store is locked by another process.
+  // version. kUnavailable: the store is locked by another process. kResourceExhausted (507):
+  // the disk has less than min_free_bytes free.
+  //
+  // Every durable change below is refused with kResourceExhausted (507), and changes nothing,
+  // while the disk has less than min_free_bytes free; reads go on.
   static absl::StatusOr<std::unique_ptr<Catalog>> Open(const std::string& dir,
                                                        const CatalogOptions& options = {});
   ~Catalog();
@@ -116,7 +127,12 @@ class Catalog {
   void ForgetLocked(const std::vector<ObjectRecord>& removed, std::set<uint64_t>* released)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Writes `batch` unless the disk is short of min_free_bytes.
+  absl::Status WriteLocked(rocksdb::WriteBatch& batch, std::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   CatalogOptions options_;
+  std::string dir_;
   std::string node_id_;
   std::unique_ptr<rocksdb::DB> db_;
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;  // owned by db_ until closed

@@ -101,6 +101,12 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "fabric", "http"}));
   app.add_flag("--insecure", insecure, "allow a non-loopback --listen without a token");
+  uint64_t min_free_disk_mb = options.min_free_disk >> 20;
+  app.add_option("--min-free-disk-mb", min_free_disk_mb,
+                 "MiB the data dir's disk keeps free: below them publishes, uploads and new "
+                 "regions get 507 (reads and pulls go on), and ferryd does not start")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 30));
   ferry::server::ConnectionLimits limits;
   int64_t head_timeout_ms = absl::ToInt64Milliseconds(limits.head_timeout);
   app.add_option("--http-head-timeout-ms", head_timeout_ms,
@@ -213,6 +219,7 @@ int main(int argc, char** argv) {
     options.cluster_key = ferry::wire::ClusterKeyFromToken(http.token);
   }
   http.max_body = max_body_mb << 20;
+  options.min_free_disk = min_free_disk_mb << 20;
   limits.head_timeout = absl::Milliseconds(head_timeout_ms);
   limits.min_rate = min_rate_kib << 10;
   options.directory_ttl = absl::Seconds(directory_ttl_s);

@@ -105,9 +105,11 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Open(const NodeOptions& options) {
     return absl::PermissionDeniedError(
         absl::StrCat("cannot create data dir ", options.data_dir, ": ", ec.message()));
   }
-  ASSIGN_OR_RETURN(node->catalog_, metadata::Catalog::Open(
-                                       options.data_dir, {.sync = options.sync,
-                                                          .keep_versions = options.keep_versions}));
+  ASSIGN_OR_RETURN(
+      node->catalog_,
+      metadata::Catalog::Open(options.data_dir, {.sync = options.sync,
+                                                 .keep_versions = options.keep_versions,
+                                                 .min_free_bytes = options.min_free_disk}));
   engine::EngineOptions eo = options.engine;
   eo.node_id = node->catalog_->node_id();
   eo.counters = options.metrics;

@@ -43,6 +43,9 @@ struct NodeOptions {
   std::string data_dir = "./ferry-data";
   // Sync the catalog's log on every change. Default: true.
   bool sync = true;
+  // Bytes the data disk keeps free (metadata::CatalogOptions::min_free_bytes): below them the
+  // catalog takes no change (507). Default: 64 MiB.
+  uint64_t min_free_disk = uint64_t{64} << 20;
   // Most pieces one request, layout or object may carry. Default: 65536.
   size_t max_extents = 65536;
   // Versions kept per object name (metadata::CatalogOptions::keep_versions); the buffers the

@@ -37,6 +37,10 @@ absl::Status TooLarge(absl::string_view message) {
   return WithHttpStatus(absl::ResourceExhaustedError(std::string(message)), 413);
 }
 
+absl::Status InsufficientStorage(absl::string_view message) {
+  return WithHttpStatus(absl::ResourceExhaustedError(std::string(message)), 507);
+}
+
 std::optional<int> HttpStatusOverride(const absl::Status& s) {
   auto p = s.GetPayload(kHttpStatusPayload);
   if (!p) return std::nullopt;
@@ -112,6 +116,7 @@ absl::Status StatusFromResult(const httplib::Result& result, const std::string& 
       return Conflict(s.message());
     }
     if (result->status == 413) return TooLarge(s.message());
+    if (result->status == 507) return InsufficientStorage(s.message());
     if (result->status == 412) return PreconditionFailed(s.message());
     return s;
   }

@@ -20,16 +20,18 @@ namespace ferry {
 
 // Statuses that the HTTP layer answers with a status code other than its default for the
 // code: 409 for a precondition that is a conflict (region in use, object detached), 413 for
-// a request over a limit.
+// a request over a limit, 507 for a full disk.
 absl::Status Conflict(absl::string_view message);
 absl::Status TooLarge(absl::string_view message);
+// 507: kResourceExhausted for want of disk space.
+absl::Status InsufficientStorage(absl::string_view message);
 // 412: a conditional request whose condition is false (If-Match, If-None-Match).
 absl::Status PreconditionFailed(absl::string_view message);
 std::optional<int> HttpStatusOverride(const absl::Status& s);
 
 // 400 INVALID_ARGUMENT / FAILED_PRECONDITION / OUT_OF_RANGE, 401 UNAUTHENTICATED,
-// 403 PERMISSION_DENIED, 404 NOT_FOUND, 409 ALREADY_EXISTS / ABORTED, 413 (an explicit
-// override), 429 RESOURCE_EXHAUSTED, 501 UNIMPLEMENTED, 503 UNAVAILABLE, 504
+// 403 PERMISSION_DENIED, 404 NOT_FOUND, 409 ALREADY_EXISTS / ABORTED, 413 and 507 (explicit
+// overrides), 429 RESOURCE_EXHAUSTED, 501 UNIMPLEMENTED, 503 UNAVAILABLE, 504
 // DEADLINE_EXCEEDED, 500 otherwise. A status may carry an override (Conflict, TooLarge).
 int HttpStatusFor(const absl::Status& s);
 // The type of every JSON answer. The parameter keeps cpp-httplib from compressing it (it

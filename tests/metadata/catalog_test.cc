@@ -7,6 +7,7 @@
 #include <set>
 
 #include "tests/testing/status_matchers.h"
+#include "wire/http_status.h"
 
 namespace ferry::metadata {
 namespace {
@@ -218,6 +219,15 @@ TEST_F(CatalogTest, BadNamesAreRefused) {
   }
   EXPECT_OK(ValidateObjectName(std::string(256, 'a')));
   EXPECT_OK(ValidateObjectName("A.b_c-d/e.f/..g"));
+}
+
+TEST_F(CatalogTest, AStoreOnADiskShortOfTheRoomKeptFreeIsNotOpenedAnd507) {
+  catalog_.reset();
+  const absl::StatusOr<std::unique_ptr<Catalog>> c =
+      Catalog::Open(dir_.string(), {.sync = false, .min_free_bytes = uint64_t{1} << 62});
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(HttpStatusFor(c.status()), 507);
+  Reopen();  // nothing changed: the store opens with the default room
 }
 
 TEST_F(CatalogTest, SecondOpenOfALockedStoreIsUnavailable) {

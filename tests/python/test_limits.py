@@ -182,3 +182,72 @@ def test_pipelined_requests_are_all_answered_in_order(guarded):
     statuses = re.findall(rb"HTTP/1.1 (\d+) ", got)
     assert statuses == [b"200", b"200", b"200", b"404"], got
 
+
+# A full data disk: a tmpfs of 64 MiB mounted for the node's data dir (root only), filled with
+# a file until less than --min-free-disk-mb is left.
+@pytest.fixture
+def small_disk(tmp_path):
+    import os
+    import subprocess
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small disk needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], check=True)
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def fill(disk, leave_mib: int):
+    import os
+    st = os.statvfs(disk)
+    size = st.f_bavail * st.f_frsize - (leave_mib << 20)
+    with open(disk / "filler", "wb") as f:
+        f.truncate(0)
+        f.write(bytes(size))  # tmpfs: written pages are the space used
+
+
+def test_a_full_data_disk_refuses_writes_with_507_serves_reads_and_recovers(small_disk, tmp_path):
+    data = small_disk / "node"
+    node = helpers.start_ferryd(data, "--min-free-disk-mb", "16")
+    client = ferry.Client(node.url)
+    try:
+        client.put("before", pattern(1 * MiB))
+        regions = call(node.url + "/v1/regions")[2]["regions"]
+        fill(small_disk, 8)
+        # Writes are refused and change nothing; the node says why.
+        status, _, body = call(node.url + "/v1/regions", "POST", {"size": MiB})
+        assert status == 507 and body["error"]["code"] == "RESOURCE_EXHAUSTED", body
+        assert "MiB free, below the 16 MiB" in body["error"]["message"]
+        assert call(node.url + "/v1/regions")[2]["regions"] == regions
+        with pytest.raises(ferry.ResourceExhausted):
+            client.put("during", pattern(MiB))
+        assert call(node.url + "/v1/objects/during")[0] == 404
+        # Reads and pulls from it go on.
+        assert bytes(client.get("before")) == pattern(MiB).tobytes()
+        other = helpers.start_ferryd(tmp_path / "other")
+        try:
+            stats = ferry.Client(other.url).pull("before", node.url)
+            assert stats.bytes == MiB
+        finally:
+            assert other.stop() == 0
+        assert call(node.url + "/v1/health")[0] == 200
+        # Room again: writes go on, without a restart.
+        (small_disk / "filler").unlink()
+        client.put("after", pattern(MiB, seed=2))
+    finally:
+        assert node.stop() == 0
+    # Nothing acknowledged was lost.
+    node = helpers.start_ferryd(data, "--min-free-disk-mb", "16")
+    try:
+        names = {o["name"] for o in call(node.url + "/v1/objects")[2]["objects"]}
+        assert names == {"before", "after"}
+    finally:
+        assert node.stop() == 0
+    # Without the room, ferryd does not open the catalog: it says why and exits 1.
+    fill(small_disk, 8)
+    import subprocess
+    r = subprocess.run([str(helpers.FERRYD), "--listen", "127.0.0.1:0", "--data-dir", str(data),
+                        "--provider", "tcp", "--min-free-disk-mb", "16"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "MiB ferryd keeps free" in r.stderr, r.stderr
