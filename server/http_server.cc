@@ -114,11 +114,8 @@ class HttpServer::Connection : public httplib::Stream {
     Begin(kHead);
     return true;
   }
-  // The head is in: what follows is the body (`length` bytes; 0 for none or chunked).
-  void BeginBody(size_t length) {
-    Begin(kBody);
-    body_length_ = length;
-  }
+  // The head is in: what follows is the body, if any, then the handler and the answer.
+  void BeginBody() { Begin(kBody); }
   void EndRequest() { Settle(); }
 
   bool is_readable() const override {
@@ -143,23 +140,28 @@ class HttpServer::Connection : public httplib::Stream {
         n = recv(sock_, direct ? ptr : buf_, direct ? size : sizeof buf_, MSG_DONTWAIT);
       } while (n < 0 && (errno == EINTR || errno == EAGAIN));
       if (n <= 0) return n;
-      bytes_ += static_cast<size_t>(n);
-      if (direct) return n;
+      if (direct) {
+        bytes_ += static_cast<size_t>(n);
+        return n;
+      }
       begin_ = 0;
       end_ = static_cast<size_t>(n);
     }
+    // Counted as they are taken: bytes of the body may have come with the head.
     const size_t n = std::min(size, end_ - begin_);
     std::memcpy(ptr, buf_ + begin_, n);
     begin_ += n;
+    bytes_ += n;
     return static_cast<ssize_t>(n);
   }
 
   ssize_t write(const char* ptr, size_t size) override {
     if (closed_) return -1;
-    // The answer starts with its first byte out, unless the body is still due (a 100
-    // Continue goes out before it).
-    if (phase_ != kAnswer && (phase_ != kBody || bytes_ >= body_length_)) Begin(kAnswer);
-    answered_ = true;
+    // The answer starts with its first byte out, the handler's time before it not counted; a
+    // 100 Continue goes out before the body, which is still due.
+    const bool interim = size >= 12 && std::memcmp(ptr, "HTTP/1.1 100", 12) == 0;
+    if (phase_ != kAnswer && !interim) Begin(kAnswer);
+    answered_ = answered_ || !interim;
     ssize_t n;
     do {
       if (!Await(POLLOUT)) return -1;
@@ -260,10 +262,9 @@ class HttpServer::Connection : public httplib::Stream {
   HttpServer& server_;
   Phase phase_ = kIdle;
   absl::Time start_;
-  size_t bytes_ = 0;        // moved in this phase
-  size_t body_length_ = 0;  // of the request being read
-  bool slow_ = false;       // holds one of the server's slow slots
-  bool answered_ = false;   // bytes of an answer went out on this request
+  size_t bytes_ = 0;       // moved in this phase
+  bool slow_ = false;      // holds one of the server's slow slots
+  bool answered_ = false;  // bytes of an answer went out on this request
   bool closed_ = false;
   char buf_[16384];
   size_t begin_ = 0, end_ = 0;
@@ -298,9 +299,7 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
         break;
       }
       bool closed = false;
-      ok = process_request(c, left == 1, closed, [&c](httplib::Request& req) {
-        c.BeginBody(req.get_header_value<uint64_t>("Content-Length"));
-      });
+      ok = process_request(c, left == 1, closed, [&c](httplib::Request&) { c.BeginBody(); });
       c.EndRequest();
       if (!ok || closed) break;
     }

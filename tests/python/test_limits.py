@@ -173,6 +173,22 @@ def test_a_reader_that_falls_behind_is_cut_off(guarded):
     assert call(guarded.url + "/v1/health")[0] == 200
 
 
+def test_a_handler_that_waits_past_every_deadline_still_answers(guarded, tmp_path):
+    # The request's small body comes with its head; the pull is then held (its source stopped)
+    # for longer than the head timeout, which the answer must not be judged by.
+    source = helpers.start_ferryd(tmp_path / "source")
+    try:
+        ferry.Client(source.url).put("w", pattern(MiB))
+        held = helpers.HeldPull(source, guarded, MiB)
+        time.sleep(HEAD_TIMEOUT_S * 1.5)  # the time that has to pass, not an interleaving
+        held.release()
+        status, _, body = held.join()
+        assert status == 200 and body["bytes"] == MiB, body
+        assert slow_closed(guarded) == {}
+    finally:
+        assert source.stop() == 0
+
+
 def test_pipelined_requests_are_all_answered_in_order(guarded):
     s = connect(guarded)
     one = b"GET /v1/health HTTP/1.1\r\nHost: a\r\n\r\n"
