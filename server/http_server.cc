@@ -107,10 +107,7 @@ class HttpServer::Connection : public httplib::Stream {
       Begin(kHead);
       return begin_ != end_ || Await(POLLIN);
     }
-    if (begin_ == end_) {
-      pollfd p{sock_, POLLIN, 0};
-      if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(idle))) <= 0) return false;
-    }
+    if (begin_ == end_ && Poll(POLLIN, idle) <= 0) return false;
     Begin(kHead);
     return true;
   }
@@ -119,16 +116,9 @@ class HttpServer::Connection : public httplib::Stream {
   void EndRequest() { Settle(); }
 
   bool is_readable() const override {
-    if (begin_ != end_) return true;
-    pollfd p{sock_, POLLIN, 0};
-    return poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(server_.limits_.head_timeout))) >
-           0;
+    return begin_ != end_ || Poll(POLLIN, server_.limits_.head_timeout) > 0;
   }
-  bool is_writable() const override {
-    pollfd p{sock_, POLLOUT, 0};
-    return poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(server_.limits_.head_timeout))) >
-           0;
-  }
+  bool is_writable() const override { return Poll(POLLOUT, server_.limits_.head_timeout) > 0; }
 
   ssize_t read(char* ptr, size_t size) override {
     if (closed_) return -1;
@@ -182,6 +172,14 @@ class HttpServer::Connection : public httplib::Stream {
  private:
   enum Phase { kIdle, kHead, kBody, kAnswer };
 
+  // poll(2) on the socket for `events`, for up to `wait` (rounded up to a millisecond).
+  int Poll(short events, absl::Duration wait) const {
+    pollfd p{sock_, events, 0};
+    return poll(
+        &p, 1,
+        static_cast<int>(absl::ToInt64Milliseconds(absl::Ceil(wait, absl::Milliseconds(1)))));
+  }
+
   void Begin(Phase phase) {
     Settle();
     phase_ = phase;
@@ -222,9 +220,7 @@ class HttpServer::Connection : public httplib::Stream {
         }
         slow_ = true;
       }
-      const absl::Duration wait = (slow_ ? late : slow) - now;
-      pollfd p{sock_, events, 0};
-      const int n = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(wait)) + 1);
+      const int n = Poll(events, (slow_ ? late : slow) - now);
       if (n > 0) return true;
       if (n < 0 && errno != EINTR) return false;
     }
@@ -247,11 +243,7 @@ class HttpServer::Connection : public httplib::Stream {
     ::shutdown(sock_, SHUT_WR);
     const absl::Time end = absl::Now() + kLinger;
     for (absl::Time now = absl::Now(); now < end; now = absl::Now()) {
-      pollfd p{sock_, POLLIN, 0};
-      if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(end - now)) + 1) <= 0 ||
-          recv(sock_, buf_, sizeof buf_, MSG_DONTWAIT) <= 0) {
-        break;
-      }
+      if (Poll(POLLIN, end - now) <= 0 || recv(sock_, buf_, sizeof buf_, MSG_DONTWAIT) <= 0) break;
     }
     return false;
   }

@@ -4,9 +4,11 @@ while it goes on serving everyone else."""
 
 from __future__ import annotations
 
+import os
 import re
 import select
 import socket
+import subprocess
 import threading
 import time
 
@@ -57,7 +59,6 @@ def test_uploads_and_pulls_into_new_buffers_past_it_are_refused(small, tmp_path)
 
 
 def test_a_second_ferryd_on_a_port_in_use_stops_with_the_reason(small, tmp_path):
-    import subprocess
     r = subprocess.run([str(helpers.FERRYD), "--listen", small.info["listen"], "--data-dir",
                         str(tmp_path / "second"), "--provider", "tcp"],
                        capture_output=True, text=True, timeout=60)
@@ -203,8 +204,6 @@ def test_pipelined_requests_are_all_answered_in_order(guarded):
 # a file until less than --min-free-disk-mb is left.
 @pytest.fixture
 def small_disk(tmp_path):
-    import os
-    import subprocess
     if os.geteuid() != 0:
         pytest.skip("mounting a small disk needs root")
     disk = tmp_path / "disk"
@@ -215,7 +214,6 @@ def small_disk(tmp_path):
 
 
 def fill(disk, leave_mib: int):
-    import os
     st = os.statvfs(disk)
     size = st.f_bavail * st.f_frsize - (leave_mib << 20)
     with open(disk / "filler", "wb") as f:
@@ -262,7 +260,6 @@ def test_a_full_data_disk_refuses_writes_with_507_serves_reads_and_recovers(smal
         assert node.stop() == 0
     # Without the room, ferryd does not open the catalog: it says why and exits 1.
     fill(small_disk, 8)
-    import subprocess
     r = subprocess.run([str(helpers.FERRYD), "--listen", "127.0.0.1:0", "--data-dir", str(data),
                         "--provider", "tcp", "--min-free-disk-mb", "16"],
                        capture_output=True, text=True, timeout=60)
