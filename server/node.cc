@@ -142,7 +142,8 @@ Node::~Node() {
     mu_.AwaitWithTimeout(absl::Condition(&drained), options_.pull_timeout);
   }
   stopping_ = true;
-  serve_queue_.reset();  // no request is served from here on
+  // No request is served from here on (the engine may still hand some over).
+  if (serve_queue_) serve_queue_->Stop();
   {
     absl::MutexLock lock(&mu_);
     prepared_.clear();

@@ -6,17 +6,29 @@ WorkQueue::WorkQueue(size_t threads) {
   for (size_t i = 0; i < threads; ++i) threads_.emplace_back(&WorkQueue::Loop, this);
 }
 
-WorkQueue::~WorkQueue() {
+WorkQueue::~WorkQueue() { Stop(); }
+
+void WorkQueue::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  for (std::thread& t : threads_) t.join();
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  std::deque<std::function<void()>> late;  // queued as the threads ended: dropped
+  {
+    absl::MutexLock lock(&mu_);
+    stopped_ = true;
+    late.swap(queue_);
+  }
 }
 
-void WorkQueue::Run(std::function<void()> work) {
+bool WorkQueue::Run(std::function<void()> work) {
   absl::MutexLock lock(&mu_);
+  if (stopped_) return false;
   queue_.push_back(std::move(work));
+  return true;
 }
 
 void WorkQueue::Loop() {

@@ -16,17 +16,22 @@ namespace ferry::server {
 class WorkQueue {
  public:
   explicit WorkQueue(size_t threads);
-  // Runs what is queued, then joins the threads.
+  // Stop(), then the queue goes.
   ~WorkQueue();
   WorkQueue(const WorkQueue&) = delete;
   WorkQueue& operator=(const WorkQueue&) = delete;
-  void Run(std::function<void()> work);
+  // Queues `work`; after Stop() drops it and returns false.
+  bool Run(std::function<void()> work);
+  // Runs what is queued, then joins the threads; work queued from here on is dropped (work
+  // running as Stop() is called may still queue more, which runs). Idempotent.
+  void Stop();
 
  private:
   void Loop();
   absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // the threads end once the queue is empty
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;   // the threads are gone
   std::vector<std::thread> threads_;
 };
 
