@@ -18,6 +18,7 @@
 #include "wire/extents.h"
 #include "wire/http_status.h"
 #include "wire/messages.h"
+#include "wire/ranges.h"
 
 namespace ferry::server {
 namespace {
@@ -152,26 +153,15 @@ void GetData(Node& node, const std::string& name, const httplib::Request& req,
   auto& ranges = const_cast<httplib::Request&>(req).ranges;
   // A Range with an If-Range that names another version gets the whole of this one.
   if (!ranges.empty() && !RangeApplies(req, etag, obj->created_ms)) ranges.clear();
-  // httplib 0.11.4 answers 206 even for a range that starts past the end: refuse it here.
-  const auto size = static_cast<ssize_t>(obj->size);
-  uint64_t asked = 0;
-  for (const auto& [first, last] : ranges) {
-    if ((first >= 0 && first >= size) || (first < 0 && last == 0) ||
-        (first >= 0 && last >= 0 && last < first)) {
-      ranges.clear();  // else httplib adds a Content-Range of its own
-      res.set_header("Content-Range", "bytes */" + std::to_string(obj->size));
-      WriteError(res, absl::OutOfRangeError("range not satisfiable"));
-      res.status = 416;
-      return;
-    }
-    asked += static_cast<uint64_t>(first < 0 ? std::min(last, size)
-                                             : std::min(last < 0 ? size - 1 : last, size - 1) -
-                                                   first + 1);
+  // httplib 0.11.4 answers 206 even for a range past the end, and serves a last byte past it
+  // as asked: resolved here, it serves only what the object has.
+  if (ResolveRanges(ranges, obj->size, kMaxRanges) == RangeAnswer::kUnsatisfiable) {
+    ranges.clear();  // else httplib adds a Content-Range of its own
+    res.set_header("Content-Range", "bytes */" + std::to_string(obj->size));
+    WriteError(res, absl::OutOfRangeError("range not satisfiable"));
+    res.status = 416;
+    return;
   }
-  // Many ranges, or ranges that add up to more than the object (overlapping): the whole object
-  // instead (RFC 9110 lets a server ignore Range), so that no request gets more bytes than
-  // the object has.
-  if (ranges.size() > kMaxRanges || asked > obj->size) ranges.clear();
   if (req.method == "HEAD") {  // the headers a GET would have; no buffer, no read
     res.set_header("Content-Length", std::to_string(obj->size));
     res.set_header("Content-Type", type);

@@ -359,6 +359,11 @@ TEST_F(FerrydTest, DataIsUploadedAndReadBackWithRanges) {
   ASSERT_EQ(tail->status, 206);
   EXPECT_TRUE(tail->body == bytes.substr(bytes.size() - 10));
   EXPECT_EQ(c.Get("/v1/objects/blob/data", {{"Range", "bytes=99999999-"}})->status, 416);
+  // A last byte past the end is the end (it was served as asked, and the connection cut).
+  auto over = c.Get("/v1/objects/blob/data", {{"Range", "bytes=3145000-99999999"}});
+  ASSERT_EQ(over->status, 206);
+  EXPECT_EQ(over->get_header_value("Content-Range"), "bytes 3145000-3145727/3145728");
+  EXPECT_TRUE(over->body == bytes.substr(3145000));
   EXPECT_HTTP_ERROR(c.Put("/v1/objects/blob/data", bytes, kOctet), 409, "ALREADY_EXISTS");
   EXPECT_EQ(c.Put("/v1/objects/blob/data?replace=true", "new", kOctet)->status, 201);
   EXPECT_EQ(c.Get("/v1/objects/blob/data")->body, "new");
