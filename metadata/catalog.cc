@@ -78,6 +78,8 @@ std::set<uint64_t> RegionsOf(const std::vector<Extent>& extents) {
 // records, read as they are.
 constexpr uint8_t kRecordFormat = 2;
 
+}  // namespace
+
 std::string EncodeRecord(const ObjectRecord& r) {
   std::string out;
   out.reserve(64 + r.name.size() + 24 * r.extents.size());
@@ -100,26 +102,39 @@ std::string EncodeRecord(const ObjectRecord& r) {
   return out;
 }
 
-absl::StatusOr<ObjectRecord> DecodeJsonRecord(const std::string& value) {
-  auto j = nlohmann::json::parse(value, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return absl::DataLossError("catalog: bad record");
-  try {
-    ObjectRecord r;
-    r.name = j.at("name").get<std::string>();
-    r.version = j.at("version").get<uint64_t>();
-    r.size = j.at("size").get<uint64_t>();
-    r.created_ms = j.at("created_ms").get<int64_t>();
-    for (const auto& e : j.at("extents")) {
-      r.extents.push_back(
-          {e.at(0).get<uint64_t>(), e.at(1).get<uint64_t>(), e.at(2).get<uint64_t>()});
-    }
-    return r;
-  } catch (const nlohmann::json::exception& e) {
-    return absl::DataLossError(absl::StrCat("catalog: bad record: ", e.what()));
+namespace {
+
+absl::StatusOr<ObjectRecord> DecodeJsonRecord(std::string_view value) {
+  auto parsed = ParseJson(value);  // depth-limited: a damaged record must not take the stack
+  if (!parsed.ok() || !parsed->is_object()) return absl::DataLossError("catalog: bad record");
+  const nlohmann::json& j = *parsed;
+  // Numbers of the wrong kind (a float too big for an integer) are refused, not converted.
+  auto extent = [](const nlohmann::json& e) {
+    return e.is_array() && e.size() == 3 && e[0].is_number_unsigned() &&
+           e[1].is_number_unsigned() && e[2].is_number_unsigned();
+  };
+  const auto name = j.find("name"), version = j.find("version"), size = j.find("size"),
+             created = j.find("created_ms"), extents = j.find("extents");
+  if (name == j.end() || !name->is_string() || version == j.end() ||
+      !version->is_number_unsigned() || size == j.end() || !size->is_number_unsigned() ||
+      created == j.end() || !created->is_number_integer() || extents == j.end() ||
+      !extents->is_array() || !std::all_of(extents->begin(), extents->end(), extent)) {
+    return absl::DataLossError("catalog: bad record");
   }
+  ObjectRecord r;
+  r.name = name->get<std::string>();
+  r.version = version->get<uint64_t>();
+  r.size = size->get<uint64_t>();
+  r.created_ms = created->get<int64_t>();
+  for (const auto& e : *extents) {
+    r.extents.push_back({e[0].get<uint64_t>(), e[1].get<uint64_t>(), e[2].get<uint64_t>()});
+  }
+  return r;
 }
 
-absl::StatusOr<ObjectRecord> DecodeRecord(const std::string& value) {
+}  // namespace
+
+absl::StatusOr<ObjectRecord> DecodeRecord(std::string_view value) {
   if (!value.empty() && value[0] == '{') return DecodeJsonRecord(value);
   ByteReader in(value);
   ObjectRecord r;
@@ -147,6 +162,8 @@ absl::StatusOr<ObjectRecord> DecodeRecord(const std::string& value) {
   if (!ok || in.left() != 0) return absl::DataLossError("catalog: bad record");
   return r;
 }
+
+namespace {
 
 // Adds to `batch` the deletion of `name`'s versions up to `last` (inclusive) and their records
 // to `removed`.

@@ -39,6 +39,11 @@ struct ObjectRecord {
   std::optional<uint32_t> crc32c;  // of the bytes, when the node saw them all (an upload)
 };
 
+// A record as the store keeps it, and back (kDataLoss for bytes that are not one; records of
+// older stores, JSON, are read too).
+std::string EncodeRecord(const ObjectRecord& r);
+absl::StatusOr<ObjectRecord> DecodeRecord(std::string_view value);
+
 // What a publish may carry besides its layout, and its condition.
 struct PublishExtras {
   std::string meta;

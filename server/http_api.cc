@@ -34,26 +34,8 @@ void WriteResponse(httplib::Response& res, const absl::StatusOr<T>& result, int 
   WriteJson(res, ToJson(*result), status);
 }
 
-// A JSON object; of kExtentsContentType, the raw extents after it become "extents_raw".
 absl::StatusOr<nlohmann::json> ParseBody(const httplib::Request& req) {
-  std::string_view json = req.body, raw;
-  const bool with_extents = req.get_header_value("Content-Type") == kExtentsContentType;
-  if (with_extents) {
-    const size_t nl = json.find('\n');
-    if (nl == std::string_view::npos) {
-      return absl::InvalidArgumentError("an extents body is JSON, a newline, then the extents");
-    }
-    raw = json.substr(nl + 1);
-    json = json.substr(0, nl);
-  }
-  auto parsed = ParseJson(json);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("request body: ", parsed.status().message()));
-  }
-  nlohmann::json& j = *parsed;
-  if (!j.is_object()) return absl::InvalidArgumentError("request body must be a JSON object");
-  if (with_extents) j["extents_raw"] = std::string(raw);
-  return std::move(j);
+  return ParseRequestBody(req.body, req.get_header_value("Content-Type") == kExtentsContentType);
 }
 
 absl::StatusOr<std::optional<uint64_t>> VersionParam(const httplib::Request& req) {

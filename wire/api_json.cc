@@ -260,6 +260,9 @@ absl::StatusOr<PullSpec> PullSpecFromJson(const nlohmann::json& j, uint64_t max_
       ASSIGN_OR_RETURN(spec.source_extents, Indices(p["extents"], "part.extents", max_pieces));
     }
     if (p.contains("offset") || p.contains("length")) {
+      if (p.contains("extents")) {
+        return absl::InvalidArgumentError("\"part\" is a byte range or extents, not both");
+      }
       ASSIGN_OR_RETURN(spec.range_offset, UnsignedField(p, "offset"));
       ASSIGN_OR_RETURN(spec.range_length, UnsignedField(p, "length"));
       if (spec.range_length == 0) return absl::InvalidArgumentError("a part of 0 bytes");
@@ -274,6 +277,7 @@ absl::StatusOr<PullSpec> PullSpecFromJson(const nlohmann::json& j, uint64_t max_
     spec.new_buffer = d;
   } else if (into.contains("prepared")) {
     ASSIGN_OR_RETURN(spec.prepared, UnsignedField(into, "prepared"));
+    if (spec.prepared == 0) return absl::InvalidArgumentError("\"prepared\" 0 names none");
     if (into.contains("indices")) {
       ASSIGN_OR_RETURN(spec.indices, Indices(into["indices"], "indices", max_pieces));
     }
@@ -330,6 +334,26 @@ nlohmann::json ToJson(const PullSpec& spec) {
     j["into"] = {{"extents", ToJson(spec.into)}};
   }
   return j;
+}
+
+absl::StatusOr<nlohmann::json> ParseRequestBody(std::string_view body, bool with_extents) {
+  std::string_view json = body, raw;
+  if (with_extents) {
+    const size_t nl = json.find('\n');
+    if (nl == std::string_view::npos) {
+      return absl::InvalidArgumentError("an extents body is JSON, a newline, then the extents");
+    }
+    raw = json.substr(nl + 1);
+    json = json.substr(0, nl);
+  }
+  auto parsed = ParseJson(json);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("request body: ", parsed.status().message()));
+  }
+  nlohmann::json& j = *parsed;
+  if (!j.is_object()) return absl::InvalidArgumentError("request body must be a JSON object");
+  if (with_extents) j["extents_raw"] = std::string(raw);
+  return std::move(j);
 }
 
 }  // namespace ferry

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,6 +33,11 @@ nlohmann::json ToJson(const Layout& layout);
 // the wrong type; 413 past `max_pieces` pieces.
 absl::StatusOr<PullSpec> PullSpecFromJson(const nlohmann::json& j, uint64_t max_pieces);
 nlohmann::json ToJson(const PullSpec& spec);
+
+// A request body: a JSON object, or with `with_extents` (a body of kExtentsContentType) a JSON
+// object, a newline and raw extents, which become its string "extents_raw". kInvalidArgument
+// otherwise, or nested deeper than kMaxJsonDepth.
+absl::StatusOr<nlohmann::json> ParseRequestBody(std::string_view body, bool with_extents);
 
 }  // namespace ferry
 
