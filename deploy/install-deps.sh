@@ -3,7 +3,7 @@
 # Idempotent: packages already present are left as they are. Run as root (or through sudo).
 set -euo pipefail
 packages=(
-  build-essential cmake ninja-build pkg-config git clang clang-format
+  build-essential cmake ninja-build pkg-config git clang clang-format libclang-rt-14-dev
   libfabric-dev libfabric-bin
   librocksdb-dev libhwloc-dev libcpp-httplib-dev libfmt-dev nlohmann-json3-dev
   libabsl-dev libspdlog-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
