@@ -12,7 +12,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "metadata/catalog.h"
 #include "nlohmann/json.hpp"
+#include "wire/http_status.h"
 
 namespace ferry::cluster {
 namespace {
@@ -51,24 +53,29 @@ rocksdb::WriteOptions Soft() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DirectoryStore>> DirectoryStore::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<DirectoryStore>> DirectoryStore::Open(const std::string& dir,
+                                                                     uint64_t min_free_bytes) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
     return absl::InternalError(
         absl::StrCat("directory store: cannot create ", dir, ": ", ec.message()));
   }
+  RETURN_IF_ERROR(metadata::CheckFreeSpace(dir, min_free_bytes));
   rocksdb::Options options;
   options.create_if_missing = true;
   rocksdb::DB* db = nullptr;
   RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(options, dir, &db), "open"));
-  std::unique_ptr<DirectoryStore> store(new DirectoryStore(std::unique_ptr<rocksdb::DB>(db)));
+  std::unique_ptr<DirectoryStore> store(
+      new DirectoryStore(std::unique_ptr<rocksdb::DB>(db), dir, min_free_bytes));
   RETURN_IF_ERROR(store->Load());
   store->expirer_ = std::thread([s = store.get()] { s->ExpireLoop(); });
   return store;
 }
 
-DirectoryStore::DirectoryStore(std::unique_ptr<rocksdb::DB> db) : db_(std::move(db)) {
+DirectoryStore::DirectoryStore(std::unique_ptr<rocksdb::DB> db, std::string dir,
+                               uint64_t min_free_bytes)
+    : db_(std::move(db)), dir_(std::move(dir)), min_free_bytes_(min_free_bytes) {
   std::random_device rd;
   // Lease ids differ between runs, as etcd's do: a node holding an id from before a restart
   // does not renew somebody else's lease.
@@ -112,6 +119,7 @@ absl::StatusOr<int64_t> DirectoryStore::Grant(absl::Duration ttl) {
     return absl::InvalidArgumentError("a lease's TTL is 1 s to a day");
   }
   ttl = absl::Seconds(absl::ToInt64Seconds(ttl));
+  RETURN_IF_ERROR(Writable());
   absl::MutexLock lock(&mu_);
   const int64_t id = next_lease_++;
   RETURN_IF_ERROR(FromRocks(db_->Put(Soft(), kLease + U64(static_cast<uint64_t>(id)),
@@ -138,6 +146,7 @@ absl::Status DirectoryStore::Revoke(int64_t lease) {
 }
 
 absl::Status DirectoryStore::EndLocked(int64_t id) {
+  RETURN_IF_ERROR(Writable());
   auto it = leases_.find(id);
   rocksdb::WriteBatch batch;
   for (const std::string& key : it->second.keys) {
@@ -162,6 +171,7 @@ absl::Status DirectoryStore::Put(const std::string& key, const std::string& valu
   absl::MutexLock lock(&mu_);
   auto l = leases_.find(lease);
   if (lease != 0 && l == leases_.end()) return absl::NotFoundError("requested lease not found");
+  RETURN_IF_ERROR(Writable());
   RETURN_IF_ERROR(
       FromRocks(db_->Put(Soft(), kKey + key, U64(static_cast<uint64_t>(lease)) + value), "put"));
   Unlease(key);
@@ -191,6 +201,7 @@ absl::StatusOr<std::vector<KeyValue>> DirectoryStore::Range(const std::string& k
 
 absl::StatusOr<int64_t> DirectoryStore::DeleteRange(const std::string& key,
                                                     const std::string& range_end) {
+  RETURN_IF_ERROR(Writable());
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(std::vector<KeyValue> found, Range(key, range_end));
   rocksdb::WriteBatch batch;
@@ -200,6 +211,10 @@ absl::StatusOr<int64_t> DirectoryStore::DeleteRange(const std::string& key,
   }
   RETURN_IF_ERROR(FromRocks(db_->Write(Soft(), &batch), "delete"));
   return static_cast<int64_t>(found.size());
+}
+
+absl::Status DirectoryStore::Writable() const {
+  return metadata::CheckFreeSpace(dir_, min_free_bytes_);
 }
 
 void DirectoryStore::ExpireNow() {
@@ -233,8 +248,9 @@ bool JsonBytes(const json& j, const char* key, std::string& out) {
   return it->is_string() && absl::Base64Unescape(it->get<std::string>(), &out);
 }
 
-int HttpStatusOf(absl::StatusCode code) {
-  switch (code) {
+int HttpStatusOf(const absl::Status& s) {
+  if (auto status = HttpStatusOverride(s)) return *status;  // 507 for a disk short of room
+  switch (s.code()) {
     case absl::StatusCode::kInvalidArgument:
       return 400;
     case absl::StatusCode::kNotFound:
@@ -248,7 +264,7 @@ int HttpStatusOf(absl::StatusCode code) {
 void Answer(httplib::Response& res, const absl::StatusOr<json>& result) {
   if (!result.ok()) {
     const std::string m(result.status().message());
-    res.status = HttpStatusOf(result.status().code());
+    res.status = HttpStatusOf(result.status());
     res.set_content(
         json{{"error", m}, {"message", m}, {"code", static_cast<int>(result.status().code())}}
             .dump(),

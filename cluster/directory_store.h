@@ -36,8 +36,12 @@ namespace ferry::cluster {
 
 class DirectoryStore {
  public:
-  // Opens (creates) the store in `dir`.
-  static absl::StatusOr<std::unique_ptr<DirectoryStore>> Open(const std::string& dir);
+  // Opens (creates) the store in `dir`. While the disk under it has less than `min_free_bytes`
+  // free, it does not open, and writes (grants, revokes, puts, deletes, expiries) are refused
+  // with InsufficientStorage (507) and change nothing: RocksDB aborts on a write that finds the
+  // disk full. Keep-alives and reads go on.
+  static absl::StatusOr<std::unique_ptr<DirectoryStore>> Open(const std::string& dir,
+                                                              uint64_t min_free_bytes = 0);
   ~DirectoryStore();
   DirectoryStore(const DirectoryStore&) = delete;
   DirectoryStore& operator=(const DirectoryStore&) = delete;
@@ -64,7 +68,7 @@ class DirectoryStore {
     absl::Time deadline;
     std::set<std::string> keys;
   };
-  explicit DirectoryStore(std::unique_ptr<rocksdb::DB> db);
+  DirectoryStore(std::unique_ptr<rocksdb::DB> db, std::string dir, uint64_t min_free_bytes);
   absl::Status Load();
   // Deletes the lease and its keys; the caller holds mu_.
   absl::Status EndLocked(int64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -73,6 +77,10 @@ class DirectoryStore {
   void ExpireLoop();
 
   std::unique_ptr<rocksdb::DB> db_;
+  const std::string dir_;
+  const uint64_t min_free_bytes_;
+  // OK while the disk has min_free_bytes_ free (checked before every write).
+  absl::Status Writable() const;
   absl::Mutex mu_;
   std::map<int64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> key_lease_ ABSL_GUARDED_BY(mu_);  // keys under a lease

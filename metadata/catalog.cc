@@ -180,7 +180,8 @@ absl::Status DropVersions(rocksdb::DB& db, rocksdb::ColumnFamilyHandle* objects,
   return FromRocksDb(it->status(), "scan versions");
 }
 
-// InsufficientStorage unless the disk under `dir` has `min_free` bytes free.
+}  // namespace
+
 absl::Status CheckFreeSpace(const std::string& dir, uint64_t min_free) {
   struct statvfs v {};
   if (min_free == 0 || statvfs(dir.c_str(), &v) != 0) return absl::OkStatus();
@@ -189,8 +190,6 @@ absl::Status CheckFreeSpace(const std::string& dir, uint64_t min_free) {
   return InsufficientStorage(absl::StrCat("the data disk has ", free >> 20, " MiB free, below the ",
                                           min_free >> 20, " MiB ferryd keeps free (", dir, ")"));
 }
-
-}  // namespace
 
 absl::Status CheckLatest(const std::string& name, uint64_t latest, uint64_t want) {
   if (latest == want) return absl::OkStatus();

@@ -44,6 +44,10 @@ struct ObjectRecord {
 std::string EncodeRecord(const ObjectRecord& r);
 absl::StatusOr<ObjectRecord> DecodeRecord(std::string_view value);
 
+// InsufficientStorage (HTTP 507) unless the disk under `dir` has `min_free` bytes free (0: no
+// check). Also for the directory's store.
+absl::Status CheckFreeSpace(const std::string& dir, uint64_t min_free);
+
 // What a publish may carry besides its layout, and its condition.
 struct PublishExtras {
   std::string meta;

@@ -261,7 +261,8 @@ int main(int argc, char** argv) {
                               : "http://" + host + ":" + std::to_string(bound);
   std::unique_ptr<ferry::cluster::DirectoryStore> directory;
   if (serve_directory) {
-    auto store = ferry::cluster::DirectoryStore::Open(options.data_dir + "/directory");
+    auto store = ferry::cluster::DirectoryStore::Open(options.data_dir + "/directory",
+                                                      options.min_free_disk);
     if (!store.ok()) {
       std::cerr << "ferryd: " << store.status() << "\n";
       return 1;

@@ -29,8 +29,8 @@ int main(int argc, char** argv) {
   if (argc != 2) return 2;
   const fs::path dir = argv[1];
   RegionDescriptor region{.node = "n1", .addr = 4096, .length = 1 << 20, .keys = {7, 9}};
-  PeerAddress from{.node = "n1", .rails = {std::string(16, 'r'), std::string(16, 's')},
-                   .bell = "b"};
+  PeerAddress from{
+      .node = "n1", .rails = {std::string(16, 'r'), std::string(16, 's')}, .bell = "b"};
   std::string out;
   ByteWriter w(&out);
   Encode(region, w);
@@ -39,7 +39,10 @@ int main(int argc, char** argv) {
   Encode(from, w);
   Put(dir, "region", "address", out);
 
-  PullRequest pull{.object = "w", .version = 2, .timeout_ms = 1000, .regions = {region},
+  PullRequest pull{.object = "w",
+                   .version = 2,
+                   .timeout_ms = 1000,
+                   .regions = {region},
                    .layout = Layout({{0, 0, 4096}, {0, 8192, 4096}})};
   pull.part.extents = {0, 1};
   const std::pair<MessageType, std::string> bodies[] = {
@@ -62,7 +65,12 @@ int main(int argc, char** argv) {
   Put(dir, "extents", "raw", RawExtents({{1, 0, 4096}, {2, 64, 128}}));
   Put(dir, "extents", "b64", PackExtents({{1, 0, 4096}}));
   Put(dir, "record", "record",
-      metadata::EncodeRecord({.name = "w", .version = 1, .size = 8, .extents = {{1, 0, 8}},
-                              .meta = "{}", .content_type = "t", .crc32c = 1}));
+      metadata::EncodeRecord({.name = "w",
+                              .version = 1,
+                              .size = 8,
+                              .extents = {{1, 0, 8}},
+                              .meta = "{}",
+                              .content_type = "t",
+                              .crc32c = 1}));
   return 0;
 }

@@ -17,7 +17,8 @@ void CheckLayout(const nlohmann::json& j) {
   if (!layout.ok()) return;
   FUZZ_CHECK(layout->pieces() <= kMaxPieces);
   auto again = ferry::LayoutFromJson(ferry::ToJson(*layout), kMaxPieces);
-  FUZZ_CHECK(again.ok() && again->pieces() == layout->pieces() && again->bytes() == layout->bytes());
+  FUZZ_CHECK(again.ok() && again->pieces() == layout->pieces() &&
+             again->bytes() == layout->bytes());
 }
 
 void CheckPull(const nlohmann::json& j) {

@@ -264,3 +264,23 @@ def test_a_full_data_disk_refuses_writes_with_507_serves_reads_and_recovers(smal
                         "--provider", "tcp", "--min-free-disk-mb", "16"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "MiB ferryd keeps free" in r.stderr, r.stderr
+
+
+def test_the_directory_a_node_serves_keeps_the_same_margin_of_free_disk(small_disk):
+    node = helpers.start_ferryd(small_disk / "node", "--serve-directory", "--min-free-disk-mb", "16")
+    kv = node.url + "/v3/kv/"
+    key, value = "a2V5", "dmFsdWU="  # base64, as etcd's gateway takes them
+    try:
+        assert call(kv + "put", "POST", {"key": key, "value": value})[0] == 200
+        fill(small_disk, 8)
+        status, _, body = call(kv + "put", "POST", {"key": key, "value": "b3RoZXI="})
+        assert status == 507 and "MiB free, below the 16 MiB" in body["message"], body
+        assert call(node.url + "/v3/lease/grant", "POST", {"TTL": 10})[0] == 507
+        assert call(kv + "deleterange", "POST", {"key": key})[0] == 507
+        # Reads go on, and nothing changed.
+        status, _, body = call(kv + "range", "POST", {"key": key})
+        assert status == 200 and body["kvs"][0]["value"] == value, body
+        (small_disk / "filler").unlink()
+        assert call(kv + "put", "POST", {"key": key, "value": "b3RoZXI="})[0] == 200
+    finally:
+        assert node.stop() == 0
