@@ -44,8 +44,8 @@ Client::~Client() = default;
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& url,
                                                         const std::string& token) {
-  if (url.rfind("http://", 0) != 0 || url.size() <= 7) {
-    return absl::InvalidArgumentError("node URL must look like http://host:port");
+  if (!IsHttpUrl(url)) {
+    return absl::InvalidArgumentError("node URL must look like http://host:port (or https://)");
   }
   return std::unique_ptr<Client>(new Client(std::make_unique<Impl>(url, token)));
 }

@@ -43,14 +43,14 @@ absl::StatusOr<std::unique_ptr<Directory>> Directory::Connect(const std::string&
     for (absl::string_view hp : absl::StrSplit(url.substr(7), ',', absl::SkipEmpty())) {
       endpoints.push_back(absl::StrCat("http://", std::string(hp)));
     }
-  } else if (url.rfind("http://", 0) == 0 && url.size() > 7) {
+  } else if (IsHttpUrl(url)) {
     std::string u = url;
-    while (u.size() > 7 && u.back() == '/') u.pop_back();
+    while (u.back() == '/') u.pop_back();
     endpoints.push_back(u);
   }
   if (endpoints.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "a directory is etcd://host:port[,host:port...] or http://host:port, not '", url, "'"));
+        "a directory is etcd://host:port[,host:port...] or http(s)://host:port, not '", url, "'"));
   }
   return std::unique_ptr<Directory>(new Directory(url, std::move(endpoints), options));
 }

@@ -8,7 +8,7 @@ packages=(
   librocksdb-dev libhwloc-dev libcpp-httplib-dev libfmt-dev nlohmann-json3-dev
   libabsl-dev libspdlog-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
   libssl-dev
-  iproute2 iperf3 curl
+  iproute2 iperf3 curl openssl
   python3 python3-numpy python3-pytest python3-yaml wget aria2
   prometheus chromium etcd-server etcd-client
   mmdebstrap umoci podman runc

@@ -101,6 +101,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "fabric", "http"}));
   app.add_flag("--insecure", insecure, "allow a non-loopback --listen without a token");
+  std::string tls_cert, tls_key;
+  auto* cert_opt = app.add_option("--tls-cert", tls_cert,
+                                  "PEM file with the certificate chain: the HTTP port speaks "
+                                  "HTTPS (TLS 1.2 or later); with --tls-key");
+  app.add_option("--tls-key", tls_key, "PEM file with the private key of --tls-cert")
+      ->needs(cert_opt);
+  cert_opt->needs(app.get_option("--tls-key"));
   uint64_t min_free_disk_mb = options.min_free_disk >> 20;
   app.add_option("--min-free-disk-mb", min_free_disk_mb,
                  "MiB the data dir's disk keeps free: below them publishes, uploads and new "
@@ -244,6 +251,12 @@ int main(int argc, char** argv) {
   // Bound first: the node's URL (and its own directory's) has the port in it.
   ferry::server::HttpServer server(limits);
   ferry::server::SetSocketOptions(server);
+  if (!tls_cert.empty()) {
+    if (absl::Status s = server.UseTls(tls_cert, tls_key); !s.ok()) {
+      std::cerr << "ferryd: " << s.message() << "\n";
+      return 2;
+    }
+  }
   const int bound = server.Bind(host, port);
   if (bound < 0) {
     std::cerr << "ferryd: cannot listen on " << listen << "\n";
@@ -255,10 +268,11 @@ int main(int argc, char** argv) {
               << "address: give --advertise-url with --directory or --serve-directory\n";
     return 2;
   }
+  const std::string scheme = server.tls() ? "https://" : "http://";
   const std::string url = !advertise.empty() ? advertise
                           : host.find(':') != std::string::npos
-                              ? "http://[" + host + "]:" + std::to_string(bound)
-                              : "http://" + host + ":" + std::to_string(bound);
+                              ? scheme + "[" + host + "]:" + std::to_string(bound)
+                              : scheme + host + ":" + std::to_string(bound);
   std::unique_ptr<ferry::cluster::DirectoryStore> directory;
   if (serve_directory) {
     auto store = ferry::cluster::DirectoryStore::Open(options.data_dir + "/directory",

@@ -1,11 +1,15 @@
 #include "server/http_server.h"
 
+#include <fcntl.h>
 #include <netdb.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -75,6 +79,13 @@ class Workers : public httplib::TaskQueue {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// What OpenSSL last said went wrong.
+std::string OpenSslError() {
+  char text[256] = "unknown error";
+  if (const unsigned long e = ERR_get_error(); e != 0) ERR_error_string_n(e, text, sizeof text);
+  return text;
+}
+
 void AddressOf(int sock, bool peer, std::string& ip, int& port) {
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;
@@ -93,21 +104,47 @@ void AddressOf(int sock, bool peer, std::string& ip, int& port) {
 }  // namespace
 
 // One accepted connection as httplib's Stream, kept across the requests it carries, with the
-// deadlines and the slow-request slots of ConnectionLimits. Used by one thread.
+// deadlines and the slow-request slots of ConnectionLimits, over TLS where the server has it.
+// Used by one thread.
 class HttpServer::Connection : public httplib::Stream {
  public:
-  Connection(int sock, HttpServer& server) : sock_(sock), server_(server) {}
-  ~Connection() override { Settle(); }
+  Connection(int sock, HttpServer& server) : sock_(sock), server_(server) {
+    if (!server.tls_) return;
+    // OpenSSL reads and writes the socket itself: non-blocking, so that it comes back to
+    // Await and its deadlines instead of blocking.
+    fcntl(sock_, F_SETFL, fcntl(sock_, F_GETFL) | O_NONBLOCK);
+    ssl_ = SSL_new(server.tls_.get());
+    if (ssl_ != nullptr) SSL_set_fd(ssl_, sock_);
+  }
+  ~Connection() override {
+    Settle();
+    if (ssl_ == nullptr) return;
+    if (secured_) SSL_shutdown(ssl_);  // close_notify, not waiting for the peer's
+    SSL_free(ssl_);
+  }
+
+  // TLS: the handshake, due with the first request's head. False when it fails or is late.
+  bool Handshake() {
+    if (!server_.tls_) return true;
+    if (ssl_ == nullptr) return false;
+    Begin(kHead);
+    while (true) {
+      ERR_clear_error();
+      const int r = SSL_accept(ssl_);
+      if (r == 1) return secured_ = true;
+      if (!AwaitTls(SSL_get_error(ssl_, r))) return false;
+    }
+  }
 
   // Waits for the next request's first byte: the first request's head is due from the
   // connection's start, a later one's from its first byte, which may take up to `idle`.
   bool AwaitRequest(bool first, absl::Duration idle) {
     answered_ = false;
     if (first) {
-      Begin(kHead);
-      return begin_ != end_ || Await(POLLIN);
+      if (phase_ != kHead) Begin(kHead);  // else it began with the TLS handshake
+      return Buffered() || Await(POLLIN);
     }
-    if (begin_ == end_ && Poll(POLLIN, idle) <= 0) return false;
+    if (!Buffered() && Poll(POLLIN, idle) <= 0) return false;
     Begin(kHead);
     return true;
   }
@@ -116,7 +153,7 @@ class HttpServer::Connection : public httplib::Stream {
   void EndRequest() { Settle(); }
 
   bool is_readable() const override {
-    return begin_ != end_ || Poll(POLLIN, server_.limits_.head_timeout) > 0;
+    return Buffered() || Poll(POLLIN, server_.limits_.head_timeout) > 0;
   }
   bool is_writable() const override { return Poll(POLLOUT, server_.limits_.head_timeout) > 0; }
 
@@ -124,11 +161,7 @@ class HttpServer::Connection : public httplib::Stream {
     if (closed_) return -1;
     if (begin_ == end_) {
       const bool direct = size >= sizeof buf_;
-      ssize_t n;
-      do {
-        if (!Await(POLLIN)) return -1;
-        n = recv(sock_, direct ? ptr : buf_, direct ? size : sizeof buf_, MSG_DONTWAIT);
-      } while (n < 0 && (errno == EINTR || errno == EAGAIN));
+      const ssize_t n = Receive(direct ? ptr : buf_, direct ? size : sizeof buf_);
       if (n <= 0) return n;
       if (direct) {
         bytes_ += static_cast<size_t>(n);
@@ -152,11 +185,7 @@ class HttpServer::Connection : public httplib::Stream {
     const bool interim = size >= 12 && std::memcmp(ptr, "HTTP/1.1 100", 12) == 0;
     if (phase_ != kAnswer && !interim) Begin(kAnswer);
     answered_ = answered_ || !interim;
-    ssize_t n;
-    do {
-      if (!Await(POLLOUT)) return -1;
-      n = send(sock_, ptr, size, MSG_DONTWAIT | MSG_NOSIGNAL);
-    } while (n < 0 && (errno == EINTR || errno == EAGAIN));
+    const ssize_t n = Send(ptr, size);
     if (n > 0 && phase_ == kAnswer) bytes_ += static_cast<size_t>(n);
     return n;
   }
@@ -178,6 +207,50 @@ class HttpServer::Connection : public httplib::Stream {
     return poll(
         &p, 1,
         static_cast<int>(absl::ToInt64Milliseconds(absl::Ceil(wait, absl::Milliseconds(1)))));
+  }
+
+  // Bytes already read that the next read gets without the socket.
+  bool Buffered() const { return begin_ != end_ || (ssl_ != nullptr && SSL_pending(ssl_) > 0); }
+
+  // One read of up to `size` bytes, waiting for them within the phase's deadline.
+  ssize_t Receive(char* ptr, size_t size) {
+    while (true) {
+      if (ssl_ != nullptr) {
+        ERR_clear_error();
+        const int n = SSL_read(ssl_, ptr, static_cast<int>(std::min<size_t>(size, INT_MAX)));
+        if (n > 0) return n;
+        const int e = SSL_get_error(ssl_, n);
+        if (e == SSL_ERROR_ZERO_RETURN) return 0;
+        if (!AwaitTls(e)) return -1;
+        continue;
+      }
+      if (!Await(POLLIN)) return -1;
+      const ssize_t n = recv(sock_, ptr, size, MSG_DONTWAIT);
+      if (n >= 0 || (errno != EINTR && errno != EAGAIN)) return n;
+    }
+  }
+
+  // One write of up to `size` bytes, waiting for room within the phase's deadline.
+  ssize_t Send(const char* ptr, size_t size) {
+    while (true) {
+      if (ssl_ != nullptr) {
+        ERR_clear_error();
+        const int n = SSL_write(ssl_, ptr, static_cast<int>(std::min<size_t>(size, INT_MAX)));
+        if (n > 0) return n;
+        if (!AwaitTls(SSL_get_error(ssl_, n))) return -1;
+        continue;
+      }
+      if (!Await(POLLOUT)) return -1;
+      const ssize_t n = send(sock_, ptr, size, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n >= 0 || (errno != EINTR && errno != EAGAIN)) return n;
+    }
+  }
+
+  // Waits for what OpenSSL asked for (`ssl_error`, from SSL_get_error); false for an error.
+  bool AwaitTls(int ssl_error) {
+    if (ssl_error == SSL_ERROR_WANT_READ) return Await(POLLIN);
+    if (ssl_error == SSL_ERROR_WANT_WRITE) return Await(POLLOUT);
+    return false;
   }
 
   void Begin(Phase phase) {
@@ -235,7 +308,11 @@ class HttpServer::Connection : public httplib::Stream {
       const std::string out = absl::StrCat(
           "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: ", kJsonContentType,
           "\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
-      IgnoreResult(send(sock_, out.data(), out.size(), MSG_DONTWAIT | MSG_NOSIGNAL));
+      if (ssl_ == nullptr) {
+        IgnoreResult(send(sock_, out.data(), out.size(), MSG_DONTWAIT | MSG_NOSIGNAL));
+      } else if (secured_) {  // once, as far as the socket takes it
+        IgnoreResult(SSL_write(ssl_, out.data(), static_cast<int>(out.size())));
+      }
     }
     closed_ = true;
     // A lingering close: what the peer still sends is read and dropped for a moment, so that
@@ -258,6 +335,8 @@ class HttpServer::Connection : public httplib::Stream {
   bool slow_ = false;      // holds one of the server's slow slots
   bool answered_ = false;  // bytes of an answer went out on this request
   bool closed_ = false;
+  SSL* ssl_ = nullptr;    // with TLS
+  bool secured_ = false;  // its handshake is done
   char buf_[16384];
   size_t begin_ = 0, end_ = 0;
 };
@@ -282,12 +361,33 @@ int HttpServer::Bind(const std::string& host, int port) {
   return bound;
 }
 
+void HttpServer::TlsContextFree::operator()(ssl_ctx_st* ctx) const { SSL_CTX_free(ctx); }
+
+absl::Status HttpServer::UseTls(const std::string& cert_file, const std::string& key_file) {
+  std::unique_ptr<SSL_CTX, TlsContextFree> ctx(SSL_CTX_new(TLS_server_method()));
+  if (!ctx) return absl::InternalError("TLS: " + OpenSslError());
+  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
+  SSL_CTX_set_mode(ctx.get(), SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  if (SSL_CTX_use_certificate_chain_file(ctx.get(), cert_file.c_str()) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TLS: cannot use the certificate in ", cert_file, ": ", OpenSslError()));
+  }
+  // Checked against the certificate as it is loaded.
+  if (SSL_CTX_use_PrivateKey_file(ctx.get(), key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TLS: cannot use the private key in ", key_file, ": ", OpenSslError()));
+  }
+  tls_ = std::move(ctx);
+  return absl::OkStatus();
+}
+
 bool HttpServer::process_and_close_socket(socket_t sock) {
   bool ok = false;
   {
     Connection c(sock, *this);
-    for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
-      if (!c.AwaitRequest(left == keep_alive_max_count_, absl::Seconds(keep_alive_timeout_sec_))) {
+    const size_t most = c.Handshake() ? keep_alive_max_count_ : 0;
+    for (size_t left = most; left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
+      if (!c.AwaitRequest(left == most, absl::Seconds(keep_alive_timeout_sec_))) {
         break;
       }
       bool closed = false;

@@ -13,7 +13,9 @@
 //     request that waits (a pull) does not keep others from a thread;
 //   - requests pipelined on one connection are answered in order (httplib 0.11 dropped the
 //     bytes it had read past the first);
-//   - the listening socket's backlog is the system's (httplib's is 5).
+//   - the listening socket's backlog is the system's (httplib's is 5);
+//   - with UseTls, connections speak TLS (1.2 or later), the handshake held to the deadline of
+//     the first request's head.
 #ifndef FERRY_SERVER_HTTP_SERVER_H_
 #define FERRY_SERVER_HTTP_SERVER_H_
 
@@ -22,9 +24,13 @@
 #include <atomic>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
+
+struct ssl_ctx_st;
 
 namespace ferry::server {
 
@@ -43,6 +49,11 @@ class HttpServer : public httplib::Server {
   // Binds to `host`:`port` (0: any free port) and listens; the port, or -1 where it cannot.
   int Bind(const std::string& host, int port);
 
+  // Serves HTTPS with the certificate chain and private key in these PEM files. Before
+  // listening. kInvalidArgument: a file cannot be read, or the key does not match.
+  absl::Status UseTls(const std::string& cert_file, const std::string& key_file);
+  bool tls() const { return tls_ != nullptr; }
+
   // Told of each connection closed for being slow, and why: "head" (its head came too late),
   // "rate" (a body or an answer fell behind min_rate), "slots" (max_slow were slow already).
   // Set before listening.
@@ -54,6 +65,10 @@ class HttpServer : public httplib::Server {
 
   const ConnectionLimits limits_;
   std::atomic<size_t> slow_{0};
+  struct TlsContextFree {
+    void operator()(ssl_ctx_st* ctx) const;
+  };
+  std::unique_ptr<ssl_ctx_st, TlsContextFree> tls_;
 };
 
 }  // namespace ferry::server

@@ -119,8 +119,8 @@ std::string_view RequestName(wire::MessageType type) {
 
 absl::StatusOr<std::shared_ptr<Node::Session>> Node::SessionFor(const std::string& url,
                                                                 absl::Time deadline) {
-  if (url.rfind("http://", 0) != 0 || url.size() <= 7) {
-    return absl::InvalidArgumentError("\"from\" must be an http://host:port URL");
+  if (!IsHttpUrl(url)) {
+    return absl::InvalidArgumentError("\"from\" must be an http://host:port (or https://) URL");
   }
   {
     absl::MutexLock lock(&sessions_mu_);

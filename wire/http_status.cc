@@ -180,4 +180,11 @@ std::string EncodeName(const std::string& name) {
   return out;
 }
 
+bool IsHttpUrl(std::string_view url) {
+  for (std::string_view scheme : {"http://", "https://"}) {
+    if (url.substr(0, scheme.size()) == scheme) return url.size() > scheme.size();
+  }
+  return false;
+}
+
 }  // namespace ferry

@@ -49,6 +49,11 @@ absl::Status StatusFromResult(const httplib::Result& result, const std::string& 
 // The Status an error body ({"error":{"code","message"}}) carries, `context` prefixed.
 absl::Status StatusFromJson(const nlohmann::json& body, const std::string& context);
 
+// Whether `url` can be a node's (or a directory's) address: http://HOST[:PORT] or, where it
+// serves TLS, https://HOST[:PORT]. Clients verify a server's certificate against the system's
+// CAs, or those OpenSSL's SSL_CERT_FILE or SSL_CERT_DIR name.
+bool IsHttpUrl(std::string_view url);
+
 // Bodies nested deeper than this are refused before they are parsed (nlohmann's DOM copies
 // and destroys recursively: a deep enough body overflows the stack).
 inline constexpr size_t kMaxJsonDepth = 64;

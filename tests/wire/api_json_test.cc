@@ -1,9 +1,10 @@
-// The HTTP API's JSON: what the fuzz target request_body found, kept.
+// The HTTP API's JSON bodies (what the fuzz target request_body found, kept) and node URLs.
 #include "wire/api_json.h"
 
 #include <gmock/gmock.h>
 
 #include "tests/testing/status_matchers.h"
+#include "wire/http_status.h"
 
 namespace ferry {
 namespace {
@@ -39,6 +40,15 @@ TEST(ApiJsonTest, BodiesWithExtentsCarryThemRawAndOthersMustBeObjects) {
   EXPECT_THAT(ParseRequestBody("[1]", false), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(ParseRequestBody(std::string(100, '[') + std::string(100, ']'), false),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(ApiJsonTest, NodeUrlsAreHttpOrHttps) {
+  for (const char* good : {"http://a:1", "https://a:1", "https://[::1]:7070"}) {
+    EXPECT_TRUE(IsHttpUrl(good)) << good;
+  }
+  for (const char* bad : {"http://", "https://", "ftp://a:1", "a:1", "", "etcd://a:1"}) {
+    EXPECT_FALSE(IsHttpUrl(bad)) << bad;
+  }
 }
 
 }  // namespace
