@@ -100,6 +100,11 @@ def stop_process(pid: int, timeout: float = 10.0) -> None:
     raise RuntimeError(f"process {pid} did not stop")
 
 
+# For curl and other tools the tests run: without the sanitizer runtime the ASan build
+# preloads into python3 (it hangs them).
+TOOLS_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
+
 def start_ferryd(data_dir: Path, *extra: str) -> Ready:
     r = Ready([str(FERRYD), "--listen", "127.0.0.1:0", "--data-dir", str(data_dir),
                "--provider", "tcp", *extra])

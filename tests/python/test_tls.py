@@ -3,7 +3,6 @@ test, uploads and reads over TLS, clients that do not trust it or speak plain HT
 silent connection closed at the head deadline, bad key material refused at start."""
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 
@@ -25,11 +24,8 @@ def cert(tmp_path):
 
 
 def curl(*args):
-    # Without the sanitizer's runtime that the ASan build preloads for libferry.so: curl
-    # hangs with it.
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     return subprocess.run(["curl", "-sS", "--max-time", "30", *args], capture_output=True,
-                          env=env)
+                          env=helpers.TOOLS_ENV)
 
 
 def test_uploads_and_reads_go_over_https_and_untrusting_or_plain_clients_are_refused(
