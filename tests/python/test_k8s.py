@@ -5,7 +5,6 @@ flags (a real ferryd started with them), the port, the probes' routes, the preSt
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 
@@ -16,7 +15,7 @@ from helpers import call
 
 ROOT = helpers.HERE.parent.parent
 K8S = ROOT / "deploy" / "k8s"
-TOOLS_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+TOOLS_ENV = helpers.TOOLS_ENV
 
 
 def kubectl(*argv) -> str:

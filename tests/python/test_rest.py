@@ -5,7 +5,6 @@ wget, aria2c and Python's urllib against a real ferryd."""
 from __future__ import annotations
 
 import http.server
-import os
 import shutil
 import subprocess
 import threading
@@ -19,9 +18,7 @@ import helpers
 from helpers import pattern
 
 MiB = 1 << 20
-# curl, wget and aria2c run without the sanitizer runtime the ASan build preloads into python3
-# (it hangs them).
-TOOLS_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+TOOLS_ENV = helpers.TOOLS_ENV
 
 
 @pytest.fixture

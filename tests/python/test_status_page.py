@@ -5,7 +5,6 @@ of each goes to the build directory's test-artifacts/ (not committed)."""
 from __future__ import annotations
 
 import html
-import os
 import re
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ from helpers import HeldPull, auth, call, pattern
 
 MiB = 1 << 20
 CHROMIUM = shutil.which("chromium") or "chromium"
-TOOLS_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+TOOLS_ENV = helpers.TOOLS_ENV
 ARTIFACTS = helpers.BUILD / "test-artifacts"
 
 

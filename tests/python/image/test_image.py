@@ -14,7 +14,7 @@ from helpers import call, free_port, pattern
 
 MiB = 1 << 20
 ROOT = helpers.HERE.parent.parent
-TOOLS_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+TOOLS_ENV = helpers.TOOLS_ENV
 # runc: crun refuses this machine's hybrid cgroup hierarchy. Limits no higher than the
 # machine's own: podman would raise them, which a container here may not do.
 PODMAN = ["podman", "--runtime", "runc"]
