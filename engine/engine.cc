@@ -1116,13 +1116,27 @@ void Engine::FramesSent(std::shared_ptr<ControlSend> send, size_t rail, absl::St
   SendFrames(std::move(send));  // the whole message again on the next rail
 }
 
+void Engine::MoveControlRail(PeerId peer, absl::Duration settle) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  auto it = peers_.find(peer);
+  if (it == peers_.end() || now - it->second.control_moved < settle) return;
+  it->second.control_moved = now;
+  it->second.control_rail = (it->second.control_rail + 1) % rails_.size();
+}
+
 absl::Status Engine::SendControl(PeerId peer, std::string_view payload, absl::Time deadline) {
   auto done = std::make_shared<Completion>();
   PostControl(peer, std::string(payload), [done](const absl::Status& s) { done->Set(s); });
   return done->Wait(deadline);
 }
 
-void Engine::OnControl(std::string_view frame) {
+void Engine::OnControl(std::string_view frame, size_t group, size_t index) {
+  size_t rail = 0;
+  while (rail + 1 < rail_refs_.size() &&
+         (rail_refs_[rail].group != group || rail_refs_[rail].index_in_group != index)) {
+    ++rail;
+  }
   auto msg = DecodeControl(frame);
   if (!msg.ok()) {
     spdlog::warn("dropped control message: {}", msg.status().ToString());
@@ -1130,12 +1144,20 @@ void Engine::OnControl(std::string_view frame) {
   }
   if (msg->type == ControlType::kBell) OnRung(msg->sender, msg->payload);
   if (msg->type == ControlType::kUser && options_.on_control) {
+    ArrivedOn(msg->sender, rail);
     options_.on_control(msg->sender, msg->payload);
   }
-  if (msg->type == ControlType::kFragment) OnFragment(msg->sender, msg->payload);
+  if (msg->type == ControlType::kFragment) OnFragment(msg->sender, msg->payload, rail);
 }
 
-void Engine::OnFragment(std::string_view sender, std::string_view frame) {
+void Engine::ArrivedOn(std::string_view sender, size_t rail) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, peer] : peers_) {
+    if (peer.address.node == sender) peer.control_rail = rail;
+  }
+}
+
+void Engine::OnFragment(std::string_view sender, std::string_view frame, size_t rail) {
   ByteReader r(frame);
   uint32_t incarnation = 0, id = 0;
   uint16_t index = 0, count = 0;
@@ -1188,6 +1210,7 @@ void Engine::OnFragment(std::string_view sender, std::string_view frame) {
       MarkDelivered(from, id);
     }
   }
+  ArrivedOn(sender, rail);
   if (options_.on_control) options_.on_control(sender, whole);
 }
 

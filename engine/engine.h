@@ -378,6 +378,11 @@ class Engine {
   // PostControl, then waits for `done` until `deadline`.
   absl::Status SendControl(PeerId peer, std::string_view payload,
                            absl::Time deadline = absl::InfiniteFuture());
+  // A question to `peer` went unanswered: its rail may be down in a way the provider does not
+  // report (on tcp a frame completes once the socket took it, though the link beyond is gone),
+  // so the peer's next control messages start on the next rail; unless they moved less than
+  // `settle` ago (questions that went unanswered together move them once). Unknown peer: no-op.
+  void MoveControlRail(PeerId peer, absl::Duration settle);
 
   // Keeps the progress threads polling until the token goes (napping between bursts, see
   // EngineOptions::spin_while_awake). A destination takes
@@ -401,7 +406,8 @@ class Engine {
 
   // Called by progress threads.
   void OnImmediate(uint64_t tag);
-  void OnControl(std::string_view frame);
+  // A control frame that came on rail `index` of progress group `group`.
+  void OnControl(std::string_view frame, size_t group, size_t index);
   // A peer rang (see RingKind).
   void OnRung(std::string_view sender, std::string_view payload);
   // A kBusy ring holds: WRITEs are coming.
@@ -435,7 +441,10 @@ class Engine {
   // Control messages: a message's frames on one rail; then the next rail when one failed.
   void SendFrames(std::shared_ptr<ControlSend> send);
   void FramesSent(std::shared_ptr<ControlSend> send, size_t rail, absl::Status failed);
-  void OnFragment(std::string_view sender, std::string_view frame);
+  void OnFragment(std::string_view sender, std::string_view frame, size_t rail);
+  // A whole message from `sender` came on `rail`: the rail carries that peer's messages, so
+  // ours to it (answers first) go there too; a rail that lost them silently is left behind.
+  void ArrivedOn(std::string_view sender, size_t rail);
   // Whether message `id` of sender incarnation `from` was handed to on_control already.
   bool Delivered(const std::string& from, uint32_t id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fragments_mu_);
@@ -458,6 +467,7 @@ class Engine {
     absl::Time busied = absl::InfinitePast();  // last kBusy ring
     int live = 0;                              // transfers to it not yet ended
     size_t control_rail = 0;                   // where its control messages go first
+    absl::Time control_moved = absl::InfinitePast();  // last MoveControlRail that moved it
   };
   // A control message whose fragments are still coming.
   struct PartialMessage {

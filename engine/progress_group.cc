@@ -597,7 +597,9 @@ size_t ProgressGroup::PollCq(RailState& rs) {
       case OpKind::kRecv: {
         auto* recv = static_cast<RecvOp*>(op);
         Count(rs.counts.messages_received);
-        engine_->OnControl(std::string_view(recv->buffer, e.len));
+        size_t k = 0;
+        while (k + 1 < rails_.size() && rails_[k].get() != &rs) ++k;
+        engine_->OnControl(std::string_view(recv->buffer, e.len), index_, k);
         PostRecv(rs, *recv);
         break;
       }
@@ -1294,6 +1296,30 @@ void ProgressGroup::CheckStalls(absl::Time now) {
     RailDown(k, peer, why);
     // Its posted WRITEs go again elsewhere; when they complete here after all, nothing changes.
     ResendFrom(k, peer, [](const Part&, const WriteOp& op) { return !op.done; });
+  }
+  // A rail whose posted WRITEs have all stalled holds the ones queued behind them too: their
+  // peers, with nothing posted there that could stall, go down on it as well (RailDown moves
+  // their queued WRITEs to the other rails).
+  for (size_t k = 0; k < rails_.size(); ++k) {
+    RailState& rs = *rails_[k];
+    if (rs.queue.empty() || rs.in_flight == 0) continue;
+    bool stuck = true;
+    for (const auto& [peer, h] : rs.health) {
+      if (h.in_flight > 0 && now - h.last_progress <= options_.rail_stall_timeout) stuck = false;
+    }
+    if (!stuck) continue;
+    std::vector<PeerId> behind;
+    for (const WriteOp* op : rs.queue) {
+      const PeerId peer = op->part->transfer->peer;
+      auto h = rs.health.find(peer);
+      if ((h == rs.health.end() || h->second.in_flight == 0) &&
+          std::find(behind.begin(), behind.end(), peer) == behind.end()) {
+        behind.push_back(peer);
+      }
+    }
+    for (PeerId peer : behind) {
+      RailDown(k, peer, absl::UnavailableError("queued behind WRITEs to other peers that stalled"));
+    }
   }
 }
 

@@ -256,8 +256,10 @@ absl::StatusOr<wire::Envelope> Node::CallAndWait(const std::shared_ptr<Session>&
   if (session->transport == fabric_.get() && options_.peer_transport == "auto" &&
       !done->WaitUntil(std::min(deadline, absl::Now() + FabricAnswerTime()))) {
     // No answer over the fabric (the question, or its answer, may have gone into a link that
-    // is down): the same question again over HTTP, whose answer comes in its response. Only
-    // questions (not pulls) go twice; the first answer counts.
+    // is down): the same question again over HTTP, whose answer comes in its response, and the
+    // next messages to the peer over another rail. Only questions (not pulls) go twice; the
+    // first answer counts.
+    engine_->MoveControlRail(session->peer, FabricAnswerTime());
     http_->Send(PeerRef{session->url, 0},
                 auth_.Seal(wire::EncodeEnvelope({type, id, self_, std::move(body)})), deadline,
                 [this, id](absl::StatusOr<std::string> sent) { OnSent(id, std::move(sent)); });

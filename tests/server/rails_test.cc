@@ -379,6 +379,23 @@ TEST_F(RailsTest, TwoOfFourSourceLinksDownMidPullAndOneFlappingThreeTimes) {
   ASSERT_NO_FATAL_FAILURE(ExpectRailCarriesAgain(0));
 }
 
+// The rail that carries a peer's control messages goes down at the far end: a frame sent on
+// it still completes (tcp takes it into the socket), so only the missing answers tell. New
+// pulls must still be asked, served and answered, over the other rail or HTTP.
+TEST_F(RailsTest, NewPullsGoOnWhileTheControlRailIsDownAtTheSource) {
+  ASSERT_NO_FATAL_FAILURE(Start(2, 400, 2, 2));
+  const std::string data = Put(TestBed::kA, "small", 64 << 10);
+  ASSERT_TRUE(Pull(TestBed::kB, "small", "first").is_object());
+  ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, 0, false).ok());
+  for (int i = 0; i < 4; ++i) {
+    const json stats = Pull(TestBed::kB, "small", "copy" + std::to_string(i));
+    ASSERT_TRUE(stats.is_object()) << "pull " << i;
+    EXPECT_EQ(stats["via"], "fabric");
+    ExpectObject(TestBed::kB, "copy" + std::to_string(i), data);
+  }
+  ASSERT_TRUE(bed_->SetRailEnd(TestBed::kA, 0, true).ok());
+}
+
 TEST_F(RailsTest, WithEveryRailDownAPullFailsWith503InTimeAndTheNodesRecover) {
   ASSERT_NO_FATAL_FAILURE(
       Start(4, 200, 4, 4, 300, {"--progress-threads", "2", "--topology", "false"}));
