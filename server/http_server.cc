@@ -128,6 +128,15 @@ class HttpServer::Connection : public httplib::Stream {
     if (!server_.tls_) return true;
     if (ssl_ == nullptr) return false;
     Begin(kHead);
+    // A client speaking plain HTTP here gets told so in plain HTTP, not a handshake failure
+    // it shows as an empty reply: a TLS connection starts with a handshake record (22).
+    char first = 0;
+    if (!Await(POLLIN) || recv(sock_, &first, 1, MSG_PEEK) != 1) return false;
+    if (first != 22) {
+      plain_ = true;
+      return Refuse("400 Bad Request",
+                    absl::InvalidArgumentError("this port speaks HTTPS: use https://"));
+    }
     while (true) {
       ERR_clear_error();
       const int r = SSL_accept(ssl_);
@@ -303,12 +312,16 @@ class HttpServer::Connection : public httplib::Stream {
   // has started.
   bool Close(const char* why, const std::string& message) {
     if (server_.on_slow_close) server_.on_slow_close(why);
+    return Refuse("408 Request Timeout", absl::DeadlineExceededError(message));
+  }
+  // Answers `error` with `status` where no answer has started, and closes the connection.
+  bool Refuse(const char* status, const absl::Status& error) {
     if (!answered_) {
-      const std::string body = ErrorBody(absl::DeadlineExceededError(message)).dump();
+      const std::string body = ErrorBody(error).dump();
       const std::string out = absl::StrCat(
-          "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: ", kJsonContentType,
+          "HTTP/1.1 ", status, "\r\nConnection: close\r\nContent-Type: ", kJsonContentType,
           "\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
-      if (ssl_ == nullptr) {
+      if (ssl_ == nullptr || plain_) {
         IgnoreResult(send(sock_, out.data(), out.size(), MSG_DONTWAIT | MSG_NOSIGNAL));
       } else if (secured_) {  // once, as far as the socket takes it
         IgnoreResult(SSL_write(ssl_, out.data(), static_cast<int>(out.size())));
@@ -316,7 +329,7 @@ class HttpServer::Connection : public httplib::Stream {
     }
     closed_ = true;
     // A lingering close: what the peer still sends is read and dropped for a moment, so that
-    // closing with it unread does not reset the connection before the peer has read the 408.
+    // closing with it unread does not reset the connection before the peer has read the answer.
     ::shutdown(sock_, SHUT_WR);
     const absl::Time end = absl::Now() + kLinger;
     for (absl::Time now = absl::Now(); now < end; now = absl::Now()) {
@@ -333,6 +346,7 @@ class HttpServer::Connection : public httplib::Stream {
   absl::Time start_;
   size_t bytes_ = 0;       // moved in this phase
   bool slow_ = false;      // holds one of the server's slow slots
+  bool plain_ = false;     // a plain HTTP client on the TLS port
   bool answered_ = false;  // bytes of an answer went out on this request
   bool closed_ = false;
   SSL* ssl_ = nullptr;    // with TLS

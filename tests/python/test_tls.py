@@ -1,6 +1,6 @@
 """HTTPS on ferryd's port (--tls-cert, --tls-key), as curl sees it: a certificate made for the
-test, uploads and reads over TLS, clients that do not trust it or speak plain HTTP refused, a
-silent connection closed at the head deadline, bad key material refused at start."""
+test, uploads and reads over TLS, clients that do not trust it refused, plain HTTP told to use
+https, a silent connection closed at the head deadline, bad key material refused at start."""
 from __future__ import annotations
 
 import socket
@@ -48,10 +48,14 @@ def test_uploads_and_reads_go_over_https_and_untrusting_or_plain_clients_are_ref
         assert r.returncode == 0 and back.read_bytes() == blob.read_bytes()
         r = curl("--cacert", str(c), "-H", "Range: bytes=10-19", url + "/v1/objects/b/data")
         assert r.stdout == blob.read_bytes()[10:20]
-        # A client that does not trust the certificate (curl: 60), plain HTTP (52: nothing
-        # comes back), and a connection that never says hello: closed at the head deadline.
+        # A client that does not trust the certificate (curl: 60), plain HTTP (told in plain
+        # HTTP to use https), and a connection that never says hello: closed at the head
+        # deadline.
         assert curl(url + "/v1/health").returncode == 60
-        assert curl(url.replace("https", "http") + "/v1/health").returncode == 52
+        r = curl("-w", "%{http_code}", url.replace("https", "http") + "/v1/health")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.endswith(b"}400"), r.stdout
+        assert b'"INVALID_ARGUMENT"' in r.stdout and b"use https://" in r.stdout, r.stdout
         host, port = url[len("https://"):].split(":")
         with socket.create_connection((host, int(port))) as s:
             s.settimeout(20)
