@@ -29,6 +29,7 @@
 #include "tests/bench/node_bench.h"
 #include "tests/bench/rails_bench.h"
 #include "tests/bench/raw_fabric.h"
+#include "tests/bench/rma_bw.h"
 #include "tests/bench/stats.h"
 #include "tests/testing/engine_peer.h"
 #include "tests/testing/pattern.h"
@@ -59,6 +60,7 @@ struct EngineFlags {
   bool verify = false;
   bool counters = true;        // the engine's rail counters (EngineOptions::counters)
   bool counters_cost = false;  // also measure the engine with them against without
+  std::string peer_bin;        // fabtests' fi_rma_bw: a second baseline, run in turns too
 };
 
 std::string DefaultDomain(const std::string& provider) {
@@ -221,6 +223,8 @@ struct Row {
   double seconds = 0, raw_seconds = 0;
   Spread ratio;  // over passes of raw time / engine time (paired: same moment)
   std::vector<uint64_t> bytes_per_rail;
+  double peer_seconds = 0;  // fi_rma_bw (EngineFlags::peer_bin), as many pairs as rails
+  Spread peer_ratio;        // fi_rma_bw time / engine time, paired as `ratio`
 };
 
 // The quartiles over passes of num[i] / den[i]. The machine is shared: half the paired
@@ -248,14 +252,18 @@ absl::StatusOr<std::vector<std::vector<double>>> Alternate(
   return out;
 }
 
-// One configuration: raw (a) and engine (b) passes in turns; medians.
+// One configuration: raw (a), engine (b) and, given its path, fi_rma_bw passes in turns;
+// medians.
 absl::StatusOr<Row> Measure(const EngineFlags& f, RawSession* raw, testing::Subprocess& peer,
                             const nlohmann::json& hello, size_t rails, const std::string& layout,
                             uint64_t piece, char* src) {
   const auto writes = Layout(layout, piece, f.total);
   ASSIGN_OR_RETURN(auto eng, EngineSession::Start(f, hello, rails, {writes}, src));
-  ASSIGN_OR_RETURN(auto times, Alternate(f.iters, {[&] { return raw->Run(writes); },
-                                                   [&] { return eng->Run(peer); }}));
+  std::vector<absl::FunctionRef<absl::StatusOr<double>()>> runs = {[&] { return raw->Run(writes); },
+                                                                   [&] { return eng->Run(peer); }};
+  const auto rma_bw = [&] { return RunRmaBw(f.peer_bin, f.provider, piece, f.total, rails); };
+  if (!f.peer_bin.empty()) runs.push_back(rma_bw);
+  ASSIGN_OR_RETURN(auto times, Alternate(f.iters, runs));
   if (f.verify) {
     ASSIGN_OR_RETURN(auto reply, peer.Call({{"cmd", "verify"},
                                             {"seed", kSeed},
@@ -265,16 +273,21 @@ absl::StatusOr<Row> Measure(const EngineFlags& f, RawSession* raw, testing::Subp
       return absl::DataLossError("verify: " + reply["error"].get<std::string>());
     }
   }
-  return Row{layout,
-             piece,
-             rails,
-             writes.size(),
-             eng->writes(),
-             eng->threads(),
-             Median(times[1]),
-             Median(times[0]),
-             PairedRatios(times[0], times[1]),
-             eng->bytes_per_rail()};
+  Row row{layout,
+          piece,
+          rails,
+          writes.size(),
+          eng->writes(),
+          eng->threads(),
+          Median(times[1]),
+          Median(times[0]),
+          PairedRatios(times[0], times[1]),
+          eng->bytes_per_rail()};
+  if (!f.peer_bin.empty()) {
+    row.peer_seconds = Median(times[2]);
+    row.peer_ratio = PairedRatios(times[2], times[1]);
+  }
+  return row;
 }
 
 // The second target, on the same moments as for the raw ratio: 64 KiB scattered and 4 MiB
@@ -353,9 +366,16 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
         f.provider.c_str(), f.domain.c_str(), f.iters, f.window, f.wait_fds ? "with" : "without",
         f.spin_while_awake ? "spinning" : "napping between bursts",
         f.threads == 0 ? engine::AutoProgressThreads(SIZE_MAX) : f.threads);
-    std::printf("%-10s %5s %9s %5s %11s %9s %9s %10s %10s %9s %6s %9s %7s\n", "layout", "rails",
+    if (!f.peer_bin.empty()) {
+      std::printf(
+          "# rma_bw = fabtests' fi_rma_bw -o writedata (window 64), one server/client pair per "
+          "rail at once on loopback, run in turns with the other two; rma ratio = median of "
+          "paired fi_rma_bw/engine times\n");
+    }
+    std::printf("%-10s %5s %9s %5s %11s %9s %9s %10s %10s %9s %6s %9s %7s%s\n", "layout", "rails",
                 "bytes", "iters", "total", "time", "MB/sec", "usec/xfer", "Mxfers/sec", "raw MB/s",
-                "ratio", "p25-p75", "WRITEs");
+                "ratio", "p25-p75", "WRITEs",
+                f.peer_bin.empty() ? "" : "  rma_bw MB/s rma ratio   p25-p75");
   }
   for (uint64_t rails : f.rails) {
     auto peer = std::make_unique<std::unique_ptr<testing::Subprocess>>();
@@ -381,36 +401,47 @@ int RunEngineBench(const EngineFlags& flags_in, const std::string& self) {
         const double xfers = static_cast<double>(row.writes);
         const double bytes = static_cast<double>(row.writes * piece);
         const double mbps = bytes / row.seconds / 1e6, raw_mbps = bytes / row.raw_seconds / 1e6;
+        const double peer_mbps = bytes / row.peer_seconds / 1e6;
         if (f.json) {
-          std::cout << nlohmann::json{{"bench", "engine"},
-                                      {"provider", f.provider},
-                                      {"layout", layout},
-                                      {"rails", rails},
-                                      {"bytes", piece},
-                                      {"iters", f.iters},
-                                      {"total", bytes},
-                                      {"seconds", row.seconds},
-                                      {"mb_per_sec", mbps},
-                                      {"usec_per_xfer", row.seconds * 1e6 / xfers},
-                                      {"raw_mb_per_sec", raw_mbps},
-                                      {"engine_writes", row.engine_writes},
-                                      {"threads", row.threads},
-                                      {"wait_fds", f.wait_fds},
-                                      {"spin_while_awake", f.spin_while_awake},
-                                      {"ratio", row.ratio.median},
-                                      {"ratio_p25", row.ratio.p25},
-                                      {"ratio_p75", row.ratio.p75},
-                                      {"bytes_per_rail", row.bytes_per_rail}}
-                           .dump()
-                    << std::endl;
+          nlohmann::json out{{"bench", "engine"},
+                             {"provider", f.provider},
+                             {"layout", layout},
+                             {"rails", rails},
+                             {"bytes", piece},
+                             {"iters", f.iters},
+                             {"total", bytes},
+                             {"seconds", row.seconds},
+                             {"mb_per_sec", mbps},
+                             {"usec_per_xfer", row.seconds * 1e6 / xfers},
+                             {"raw_mb_per_sec", raw_mbps},
+                             {"engine_writes", row.engine_writes},
+                             {"threads", row.threads},
+                             {"wait_fds", f.wait_fds},
+                             {"spin_while_awake", f.spin_while_awake},
+                             {"ratio", row.ratio.median},
+                             {"ratio_p25", row.ratio.p25},
+                             {"ratio_p75", row.ratio.p75},
+                             {"bytes_per_rail", row.bytes_per_rail}};
+          if (!f.peer_bin.empty()) {
+            out["rma_bw_mb_per_sec"] = peer_mbps;
+            out["rma_bw_ratio"] = row.peer_ratio.median;
+            out["rma_bw_ratio_p25"] = row.peer_ratio.p25;
+            out["rma_bw_ratio_p75"] = row.peer_ratio.p75;
+          }
+          std::cout << out.dump() << std::endl;
         } else {
           std::printf(
               "%-10s %5zu %9lu %5d %11.0f %9.4f %9.1f %10.2f %10.4f %9.1f %6.2f "
-              "%4.2f-%4.2f %7lu\n",
+              "%4.2f-%4.2f %7lu",
               layout.c_str(), static_cast<size_t>(rails), static_cast<unsigned long>(piece),
               f.iters, bytes, row.seconds, mbps, row.seconds * 1e6 / xfers,
               xfers / row.seconds / 1e6, raw_mbps, row.ratio.median, row.ratio.p25, row.ratio.p75,
               static_cast<unsigned long>(row.engine_writes));
+          if (!f.peer_bin.empty()) {
+            std::printf("  %11.1f %9.2f %4.2f-%4.2f", peer_mbps, row.peer_ratio.median,
+                        row.peer_ratio.p25, row.peer_ratio.p75);
+          }
+          std::printf("\n");
           std::fflush(stdout);
         }
         rows.push_back(row);
@@ -533,6 +564,9 @@ int main(int argc, char** argv) {
                   "engine: the destination polls without pausing while it expects WRITEs "
                   "(false: naps between bursts)")
       ->capture_default_str();
+  eng->add_option("--peer-bin", ef.peer_bin,
+                  "fabtests' fi_rma_bw: also run it in turns (tcp; one pair per rail) and give "
+                  "the ratio to it");
   eng->add_flag("--json", ef.json, "one JSON object per row");
   eng->add_flag("--verify", ef.verify, "check every byte after each configuration");
   eng->add_flag("--counters-cost", ef.counters_cost,
