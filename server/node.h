@@ -324,6 +324,7 @@ class Node {
 
  private:
   friend class PullHandle;
+  friend class NodeTestPeer;
   // Publish, with the CRC32C of the bytes when the node saw them all (an upload).
   absl::StatusOr<ObjectInfo> Publish(const std::string& name, const Layout& layout,
                                      const PublishOptions& options, std::optional<uint32_t> crc32c);
@@ -511,8 +512,9 @@ class Node {
   static constexpr size_t kEndedKept = 4096;
   // Whether `sender`'s pull `id` is being served (and not cancelled).
   bool Serving(const std::string& sender, uint64_t id);
-  // Submits the transfer of an rdma pull to `peer`; once more, on a fresh peer, when every rail
-  // failed on the first try.
+  // Submits the transfer of an rdma pull to `peer` (to the peer that replaced it, when another
+  // pull replaced it meanwhile); once more, on a fresh peer, when every rail failed on the
+  // first try.
   absl::Status SubmitRdma(const std::shared_ptr<RdmaPull>& rdma, engine::PeerId peer);
   // Drops what this node keeps of `node` when its peer `failed` is still the current one (its
   // engine peer goes too, at the next PeerFor).
@@ -576,6 +578,9 @@ class Node {
   std::deque<std::string> ended_order_ ABSL_GUARDED_BY(served_mu_);
   absl::Mutex credits_mu_;
   std::map<std::string, std::shared_ptr<Credits>> credits_ ABSL_GUARDED_BY(credits_mu_);
+
+  // Tests: called before an rdma pull's transfer is submitted to `peer` (NodeTestPeer).
+  std::function<void(const PeerAddress& from, engine::PeerId peer)> before_submit_for_testing_;
 
   // Last: its threads stop before what they use goes.
   std::unique_ptr<WorkQueue> serve_queue_;

@@ -1010,6 +1010,11 @@ absl::StatusOr<PullStats> Node::FinishPull(PullHandle::State& st, bool cancelled
     st.ring.reset();
   }
   if (stats.ok()) {
+    if (st.prepared && st.request.defines_prepared) {
+      // The source keeps what this request defined: later pulls name it by handle alone.
+      absl::MutexLock lock(&st.session->mu);
+      st.session->shown[st.request.prepared] = st.request.prepared_epoch;
+    }
     stats->via = std::string(st.session->transport->name());
     stats->fallback = st.fallback;
     // Staged bytes are in place only once this side has copied the last chunk in.

@@ -48,6 +48,7 @@ struct Node::RdmaPull {
   uint64_t size = 0;
   absl::Time deadline;
   int attempts = 0;
+  int replaced = 0;  // times its peer was found replaced at submission (kPeerReplacedTries)
   bool gpu = false;  // GPU memory at either end
   std::shared_ptr<ServedPull> served;
   std::function<void(absl::StatusOr<PullStats>)> finish;
@@ -63,6 +64,10 @@ struct Node::ServedPull {
 namespace {
 
 bool IsCuda(const Device& d) { return d.is_cuda(); }
+
+// A transfer whose peer was replaced between its lookup and its submission goes to the new one;
+// this many times at most (each replacement is another pull's failure to reach the node).
+constexpr int kPeerReplacedTries = 3;
 
 uint64_t Chunks(uint64_t size, uint64_t chunk) { return (size + chunk - 1) / chunk; }
 
@@ -547,19 +552,29 @@ absl::Status Node::SubmitRdma(const std::shared_ptr<RdmaPull>& rdma, engine::Pee
       t.src.push_back({r.engine_id, e.offset, e.length});
     }
   }
-  absl::MutexLock lock(&rdma->served->mu);
-  if (rdma->served->cancelled) {
-    return absl::CancelledError(absl::StrCat("pull ", rdma->id, " was cancelled"));
+  if (before_submit_for_testing_) before_submit_for_testing_(rdma->from, peer);
+  absl::StatusOr<engine::Transfer> transfer = absl::UnknownError("not submitted");
+  {
+    absl::MutexLock lock(&rdma->served->mu);
+    if (rdma->served->cancelled) {
+      return absl::CancelledError(absl::StrCat("pull ", rdma->id, " was cancelled"));
+    }
+    transfer = engine_->Submit(std::move(t));
+    if (transfer.ok()) {
+      rdma->served->transfer = *std::move(transfer);
+      return absl::OkStatus();
+    }
   }
-  absl::StatusOr<engine::Transfer> transfer = engine_->Submit(std::move(t));
-  if (absl::IsNotFound(transfer.status())) {
-    // Another pull of this node found `peer` failed and replaced it since it was looked up.
+  if (!absl::IsNotFound(transfer.status())) return transfer.status();
+  // Another pull of this node found `peer` failed and replaced it since it was looked up: the
+  // transfer goes to the peer that replaced it (no new attempt: nothing went to the old one).
+  if (++rdma->replaced > kPeerReplacedTries) {
     return absl::UnavailableError(absl::StrCat("node ", rdma->from.node, ": its peer ", peer,
                                                " was replaced: ", transfer.status().message()));
   }
-  RETURN_IF_ERROR(transfer.status());
-  rdma->served->transfer = *std::move(transfer);
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(engine::PeerId fresh, PeerFor(rdma->from, rdma->deadline));
+  --rdma->attempts;
+  return SubmitRdma(rdma, fresh);
 }
 
 void Node::ForgetPeer(const std::string& node, engine::PeerId failed) {

@@ -1,0 +1,476 @@
+// server::Node on its own: two nodes in this process whose messages go through a fake peer
+// transport (both the "fabric" and the "http" one), so a test sees every message and can drop,
+// refuse, change or repeat one; the bytes still move as real WRITEs over tcp rails. The fake
+// stands in for faults the real transports cannot produce on demand (a message lost on its
+// way, an answer that never comes).
+#include "server/node.h"
+
+#include <gmock/gmock.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <numeric>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/status.h"
+#include "engine/fabric.h"
+#include "server/work_queue.h"
+#include "tests/testing/status_matchers.h"
+#include "wire/auth.h"
+#include "wire/messages.h"
+
+namespace ferry::server {
+
+// Reaches into a node for what only a test does.
+class NodeTestPeer {
+ public:
+  // `hook` runs before each rdma transfer the node serves is submitted to its peer.
+  static void BeforeSubmit(Node& node,
+                           std::function<void(const PeerAddress&, engine::PeerId)> hook) {
+    node.before_submit_for_testing_ = std::move(hook);
+  }
+  // What another pull of the node does when its transfer to `peer` found every rail down:
+  // forgets the peer, and makes a fresh one for `from`.
+  static absl::StatusOr<engine::PeerId> Replace(Node& node, const PeerAddress& from,
+                                                engine::PeerId peer) {
+    node.ForgetPeer(from.node, peer);
+    return node.PeerFor(from, absl::Now() + absl::Seconds(10));
+  }
+};
+
+namespace {
+
+using ::ferry::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// What crossed the fake network: a request (the sender's envelope) or an answer to one.
+struct Crossing {
+  std::string transport;  // "fabric" or "http"
+  bool answer = false;
+  wire::MessageType type = wire::MessageType::kError;
+  uint64_t id = 0;
+  std::string body;
+};
+
+// What the network does with one message.
+enum class Fate {
+  kDeliver,
+  kDrop,    // taken and lost (the fabric said it went; no answer ever comes)
+  kRefuse,  // the transport says the peer cannot be reached (kUnavailable)
+  kTwice,   // delivered, then delivered again
+  kSpoil,   // delivered with its last byte changed
+};
+
+// Nodes by URL, and the messages between them. Delivery is by the target's HandleMessage on a
+// thread of the network's, as HTTP delivers; the answer comes back through `sent`. Thread-safe.
+class FakeNetwork {
+ public:
+  using Rule = std::function<Fate(const Crossing&)>;
+
+  FakeNetwork() : queue_(4) {}
+  ~FakeNetwork() { queue_.Stop(); }
+
+  // `node` answers at `url` (null: nobody does any more).
+  void Attach(const std::string& url, Node* node) {
+    absl::MutexLock lock(&mu_);
+    nodes_[url] = node;
+  }
+  void SetRule(Rule rule) {
+    absl::MutexLock lock(&mu_);
+    rule_ = std::move(rule);
+  }
+  std::vector<Crossing> log() {
+    absl::MutexLock lock(&mu_);
+    return log_;
+  }
+  void ClearLog() {
+    absl::MutexLock lock(&mu_);
+    log_.clear();
+  }
+  // The types of the requests (not answers) that crossed, in order.
+  std::vector<wire::MessageType> Requests() {
+    std::vector<wire::MessageType> out;
+    for (const Crossing& c : log()) {
+      if (!c.answer) out.push_back(c.type);
+    }
+    return out;
+  }
+  void Stop() { queue_.Stop(); }
+
+  std::unique_ptr<PeerTransport> Transport(std::string name, std::string sender);
+
+  void Send(const std::string& transport, const std::string& sender, const PeerRef& peer,
+            std::string sealed, std::function<void(absl::StatusOr<std::string>)> sent) {
+    Node* target = nullptr;
+    Fate fate = Fate::kDeliver;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = nodes_.find(peer.url);
+      if (it != nodes_.end()) target = it->second;
+      if (target != nullptr) fate = Judge(transport, /*answer=*/false, sealed);
+    }
+    if (target == nullptr || fate == Fate::kRefuse) {
+      return sent(absl::UnavailableError(absl::StrCat("fake: nobody at ", peer.url)));
+    }
+    if (fate == Fate::kDrop) return sent(std::string());
+    if (fate == Fate::kSpoil) sealed.back() = static_cast<char>(sealed.back() ^ 1);
+    const int copies = fate == Fate::kTwice ? 2 : 1;
+    for (int i = 0; i < copies; ++i) {
+      const bool queued = queue_.Run([this, target, transport, sender, sealed, sent] {
+        target->HandleMessage(sender, sealed, [this, transport, sent](std::string answer) {
+          Fate back;
+          {
+            absl::MutexLock lock(&mu_);
+            back = answer.empty() ? Fate::kDeliver : Judge(transport, /*answer=*/true, answer);
+          }
+          if (back == Fate::kDrop) return;
+          sent(std::move(answer));
+        });
+      });
+      if (!queued && i == 0) return sent(absl::UnavailableError("fake: the network stopped"));
+    }
+  }
+
+ private:
+  Fate Judge(const std::string& transport, bool answer, std::string_view sealed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Crossing c{transport, answer};
+    // Unsealed messages are their envelope; sealed ones carry a trailer the decoder refuses,
+    // and the test then sees them as kError with no id.
+    if (auto e = wire::DecodeEnvelope(sealed); e.ok()) {
+      c.type = e->type;
+      c.id = e->id;
+      c.body = e->body;
+    }
+    log_.push_back(c);
+    return rule_ ? rule_(c) : Fate::kDeliver;
+  }
+
+  absl::Mutex mu_;
+  std::map<std::string, Node*> nodes_ ABSL_GUARDED_BY(mu_);
+  Rule rule_ ABSL_GUARDED_BY(mu_);
+  std::vector<Crossing> log_ ABSL_GUARDED_BY(mu_);
+  WorkQueue queue_;
+};
+
+class FakeTransport : public PeerTransport {
+ public:
+  FakeTransport(FakeNetwork* net, std::string name, std::string sender)
+      : net_(net), name_(std::move(name)), sender_(std::move(sender)) {}
+  std::string_view name() const override { return name_; }
+  void Send(const PeerRef& peer, std::string sealed, absl::Time,
+            std::function<void(absl::StatusOr<std::string>)> sent) override {
+    net_->Send(name_, sender_, peer, std::move(sealed), std::move(sent));
+  }
+
+ private:
+  FakeNetwork* net_;
+  const std::string name_;
+  const std::string sender_;
+};
+
+std::unique_ptr<PeerTransport> FakeNetwork::Transport(std::string name, std::string sender) {
+  return std::make_unique<FakeTransport>(this, std::move(name), std::move(sender));
+}
+
+constexpr char kUrlA[] = "http://a.fake:1";
+constexpr char kUrlB[] = "http://b.fake:2";
+
+// A host buffer whose byte i is the low byte of i * 7 + seed (zero with `fill` false).
+std::vector<char> Pattern(size_t size, uint8_t seed, bool fill = true) {
+  std::vector<char> v(size);
+  if (fill) {
+    for (size_t i = 0; i < size; ++i) v[i] = static_cast<char>(i * 7 + seed);
+  }
+  return v;
+}
+
+// The pulls `node` served with `outcome` ("ok", ...), as its metrics count them.
+double SourcePulls(Node& node, const std::string& outcome) {
+  double sum = 0;
+  for (absl::string_view line : absl::StrSplit(node.Metrics(), '\n')) {
+    if (!absl::StartsWith(line, "ferry_pulls_total{") ||
+        !absl::StrContains(line, "role=\"source\"") ||
+        !absl::StrContains(line, absl::StrCat("outcome=\"", outcome, "\""))) {
+      continue;
+    }
+    double v = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) sum += v;
+  }
+  return sum;
+}
+
+class NodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!engine::ProviderAvailable("tcp")) GTEST_SKIP() << "no libfabric tcp provider";
+    dir_ = std::filesystem::temp_directory_path() / absl::StrCat("node-test-", getpid());
+    std::filesystem::remove_all(dir_);
+    net_ = std::make_unique<FakeNetwork>();
+    ASSERT_OK_AND_ASSIGN(a_, Open("a", kUrlA));
+    ASSERT_OK_AND_ASSIGN(b_, Open("b", kUrlB));
+    src_ = Pattern(1 << 20, 3);
+    ASSERT_OK_AND_ASSIGN(RegionInfo r,
+                         a_->RegisterRegion(src_.data(), src_.size(), Device::Host()));
+    src_region_ = r.id;
+    dst_ = Pattern(1 << 20, 0, /*fill=*/false);
+    ASSERT_OK_AND_ASSIGN(RegionInfo d,
+                         b_->RegisterRegion(dst_.data(), dst_.size(), Device::Host()));
+    dst_region_ = d.id;
+  }
+  void TearDown() override {
+    if (net_) net_->Stop();  // no delivery into a node that goes
+    b_.reset();
+    a_.reset();
+    net_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  absl::StatusOr<std::unique_ptr<Node>> Open(const std::string& name, const std::string& url) {
+    NodeOptions o;
+    o.data_dir = (dir_ / name).string();
+    o.sync = false;
+    o.engine.provider = "tcp";
+    o.engine.domains = {"lo"};
+    o.engine.rails = 2;
+    o.cluster_key = key_;
+    o.pull_timeout = absl::Seconds(30);
+    ASSIGN_OR_RETURN(std::unique_ptr<Node> node, Node::Open(o));
+    node->SetTransportsForTesting(net_->Transport("fabric", name), net_->Transport("http", name));
+    net_->Attach(url, node.get());
+    return node;
+  }
+
+  // Publishes `name` on A: `pieces` extents of `piece` bytes of A's buffer, in reverse order.
+  absl::Status PublishOnA(const std::string& name, size_t pieces, uint64_t piece) {
+    Layout layout;
+    for (size_t i = pieces; i-- > 0;) layout.Add({src_region_, i * piece, piece});
+    return a_->Publish(name, layout, {.durable = false}).status();
+  }
+  PullSpec Into(const std::string& name, const Layout& into) {
+    PullSpec spec;
+    spec.from = kUrlA;
+    spec.object = name;
+    spec.into = into;
+    return spec;
+  }
+  // Whether B's bytes [at, + n) are A's pieces of `piece` bytes in reverse order.
+  bool Landed(uint64_t at, size_t pieces, uint64_t piece) {
+    for (size_t k = 0; k < pieces; ++k) {
+      const size_t i = pieces - 1 - k;
+      if (!std::equal(src_.begin() + static_cast<long>(i * piece),
+                      src_.begin() + static_cast<long>((i + 1) * piece),
+                      dst_.begin() + static_cast<long>(at + k * piece))) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  std::string key_;  // the nodes' cluster key (none: unsealed)
+  std::filesystem::path dir_;
+  std::unique_ptr<FakeNetwork> net_;
+  std::unique_ptr<Node> a_, b_;
+  std::vector<char> src_, dst_;
+  uint64_t src_region_ = 0, dst_region_ = 0;
+};
+
+TEST_F(NodeTest, APeerIsMetOnceAndEachPullIsOneRequestAndItsAnswer) {
+  ASSERT_OK(PublishOnA("o", 4, 4096));
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK_AND_ASSIGN(PullStats s, b_->Pull(Into("o", Layout({{dst_region_, 0, 16384}}))));
+    EXPECT_EQ(s.bytes, 16384u);
+    EXPECT_EQ(s.path, "rdma");
+    EXPECT_EQ(s.via, "fabric");
+  }
+  EXPECT_TRUE(Landed(0, 4, 4096));
+  // Into host memory on the rails, the pull asks nothing first; first contact only once.
+  EXPECT_THAT(net_->Requests(), ElementsAre(wire::MessageType::kHello, wire::MessageType::kPull,
+                                            wire::MessageType::kPull, wire::MessageType::kPull));
+  EXPECT_EQ(SourcePulls(*a_, "ok"), 3);
+}
+
+TEST_F(NodeTest, AFabricThatCannotReachThePeerSendsThePullOverHttp) {
+  ASSERT_OK(PublishOnA("o", 2, 4096));
+  net_->SetRule([](const Crossing& c) {
+    return c.transport == "fabric" && !c.answer ? Fate::kRefuse : Fate::kDeliver;
+  });
+  ASSERT_OK_AND_ASSIGN(PullStats s, b_->Pull(Into("o", Layout({{dst_region_, 0, 8192}}))));
+  EXPECT_EQ(s.bytes, 8192u);
+  EXPECT_TRUE(Landed(0, 2, 4096));
+  std::vector<std::string> pulls;
+  for (const Crossing& c : net_->log()) {
+    if (c.type == wire::MessageType::kPull) pulls.push_back(c.transport);
+  }
+  EXPECT_THAT(pulls, ElementsAre("fabric", "http"));
+}
+
+TEST_F(NodeTest, ALostRequestIsAskedAboutThenSentAgainOverHttpAndServedOnce) {
+  ASSERT_OK(PublishOnA("o", 2, 4096));
+  ASSERT_OK(b_->Pull(Into("o", Layout({{dst_region_, 0, 8192}}))).status());  // met
+  net_->ClearLog();
+  auto dropped = std::make_shared<bool>(false);
+  net_->SetRule([dropped](const Crossing& c) {
+    if (c.type != wire::MessageType::kPull || *dropped) return Fate::kDeliver;
+    *dropped = true;
+    return Fate::kDrop;
+  });
+  ASSERT_OK_AND_ASSIGN(PullStats s, b_->Pull(Into("o", Layout({{dst_region_, 8192, 8192}}))));
+  EXPECT_EQ(s.bytes, 8192u);
+  EXPECT_TRUE(Landed(8192, 2, 4096));
+  // The source did not know it, three times; then it went over HTTP.
+  EXPECT_THAT(net_->Requests(), ElementsAre(wire::MessageType::kPull, wire::MessageType::kQuery,
+                                            wire::MessageType::kQuery, wire::MessageType::kQuery,
+                                            wire::MessageType::kPull));
+  EXPECT_EQ(net_->log().back().transport, "http");
+  EXPECT_EQ(SourcePulls(*a_, "ok"), 2);
+}
+
+TEST_F(NodeTest, ALostAnswerIsFetchedByTheProbeWithoutServingThePullAgain) {
+  ASSERT_OK(PublishOnA("o", 2, 4096));
+  // The answer to the query is the pull's own (kPullDone) too: only the first one is lost.
+  auto lost = std::make_shared<bool>(false);
+  net_->SetRule([lost](const Crossing& c) {
+    if (!c.answer || c.type != wire::MessageType::kPullDone || *lost) return Fate::kDeliver;
+    *lost = true;
+    return Fate::kDrop;
+  });
+  ASSERT_OK_AND_ASSIGN(PullStats s, b_->Pull(Into("o", Layout({{dst_region_, 0, 8192}}))));
+  EXPECT_EQ(s.bytes, 8192u);
+  EXPECT_TRUE(Landed(0, 2, 4096));
+  EXPECT_THAT(net_->Requests(), ElementsAre(wire::MessageType::kHello, wire::MessageType::kPull,
+                                            wire::MessageType::kQuery));
+  EXPECT_EQ(SourcePulls(*a_, "ok"), 1);
+}
+
+TEST_F(NodeTest, ASourceThatGoesSilentFailsThePullAsUnavailableLongBeforeItsDeadline) {
+  ASSERT_OK(PublishOnA("o", 2, 4096));
+  ASSERT_OK(b_->Pull(Into("o", Layout({{dst_region_, 0, 8192}}))).status());  // met
+  net_->SetRule([](const Crossing& c) { return c.answer ? Fate::kDrop : Fate::kDeliver; });
+  PullSpec spec = Into("o", Layout({{dst_region_, 0, 8192}}));
+  spec.timeout_ms = 60000;
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(b_->Pull(spec),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("stopped answering")));
+  // The first probe after 250 ms, unanswered for 5 s (the fabric's second, then HTTP).
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  // The session went with it: the next pull meets the peer again.
+  net_->SetRule(nullptr);
+  net_->ClearLog();
+  ASSERT_OK(b_->Pull(Into("o", Layout({{dst_region_, 0, 8192}}))).status());
+  EXPECT_EQ(net_->Requests().front(), wire::MessageType::kHello);
+}
+
+TEST_F(NodeTest, APreparedDestinationIsDefinedOnceAndAgainWhenTheSourceForgotIt) {
+  ASSERT_OK(PublishOnA("kv", 8, 4096));
+  std::vector<uint32_t> slots(8);
+  std::iota(slots.begin(), slots.end(), 0);
+  Layout pool;
+  pool.AddPages(dst_region_, 0, 4096, slots);
+  ASSERT_OK_AND_ASSIGN(uint64_t handle, b_->PrepareDestination(pool));
+  auto pull_pages = [&](std::vector<uint32_t> source, std::vector<uint32_t> into) {
+    PullSpec spec;
+    spec.from = kUrlA;
+    spec.object = "kv";
+    spec.source_extents = std::move(source);
+    spec.prepared = handle;
+    spec.indices = std::move(into);
+    return b_->Pull(spec);
+  };
+  // Which pull requests defined it (carried its descriptors).
+  auto defined = [&] {
+    std::vector<bool> out;
+    for (const Crossing& c : net_->log()) {
+      if (c.answer || c.type != wire::MessageType::kPull) continue;
+      wire::PullRequest r;
+      EXPECT_OK(wire::Decode(c.body, &r, 65536));
+      out.push_back(r.defines_prepared);
+    }
+    return out;
+  };
+  ASSERT_OK(pull_pages({0, 1}, {6, 7}).status());
+  ASSERT_OK(pull_pages({2, 3}, {4, 5}).status());
+  EXPECT_THAT(defined(), ElementsAre(true, false));
+  // Object extent i is A's piece 7 - i; slot j is B's bytes [4096 j, + 4096).
+  EXPECT_TRUE(
+      std::equal(src_.begin() + 7 * 4096, src_.begin() + 8 * 4096, dst_.begin() + 6 * 4096));
+  EXPECT_TRUE(
+      std::equal(src_.begin() + 4 * 4096, src_.begin() + 5 * 4096, dst_.begin() + 5 * 4096));
+  // A restarts (same data dir, so the same node id; ephemeral objects gone, its caches empty):
+  // the first request, without the descriptors, is refused and sent once more with them.
+  net_->Attach(kUrlA, nullptr);
+  a_.reset();
+  ASSERT_OK_AND_ASSIGN(a_, Open("a", kUrlA));
+  net_->ClearLog();
+  ASSERT_OK_AND_ASSIGN(RegionInfo r, a_->RegisterRegion(src_.data(), src_.size(), Device::Host()));
+  src_region_ = r.id;
+  ASSERT_OK(PublishOnA("kv", 8, 4096));
+  std::fill(dst_.begin(), dst_.end(), 0);
+  ASSERT_OK(pull_pages({4}, {0}).status());
+  EXPECT_THAT(defined(), ElementsAre(false, true));
+  std::vector<wire::MessageType> answers;
+  for (const Crossing& c : net_->log()) {
+    if (c.answer) answers.push_back(c.type);
+  }
+  EXPECT_THAT(answers, ElementsAre(wire::MessageType::kError, wire::MessageType::kPullDone));
+  EXPECT_TRUE(std::equal(src_.begin() + 3 * 4096, src_.begin() + 4 * 4096, dst_.begin()));
+  ASSERT_OK(b_->ReleaseDestination(handle));
+}
+
+// Both nodes seal their messages under one cluster key.
+TEST_F(NodeTest, APeerReplacedBetweenItsLookupAndTheSubmissionTakesTheTransferInstead) {
+  ASSERT_OK(PublishOnA("o", 2, 4096));
+  ASSERT_OK(b_->Pull(Into("o", Layout({{dst_region_, 0, 8192}}))).status());
+  auto fresh = std::make_shared<absl::StatusOr<engine::PeerId>>(absl::UnknownError("not yet"));
+  NodeTestPeer::BeforeSubmit(*a_, [this, fresh](const PeerAddress& from, engine::PeerId peer) {
+    if (fresh->ok()) return;  // once
+    *fresh = NodeTestPeer::Replace(*a_, from, peer);
+  });
+  ASSERT_OK_AND_ASSIGN(PullStats s, b_->Pull(Into("o", Layout({{dst_region_, 8192, 8192}}))));
+  NodeTestPeer::BeforeSubmit(*a_, nullptr);
+  ASSERT_OK(fresh->status());
+  EXPECT_EQ(s.bytes, 8192u);
+  EXPECT_TRUE(Landed(8192, 2, 4096));
+}
+
+class SealedNodeTest : public NodeTest {
+ protected:
+  SealedNodeTest() { key_ = "cluster key"; }
+};
+
+TEST_F(SealedNodeTest, ARequestChangedOnTheWayIsRefusedAndWritesNothing) {
+  ASSERT_OK(PublishOnA("o", 2, 4096));
+  ASSERT_OK(b_->Pull(Into("o", Layout({{dst_region_, 0, 8192}}))).status());
+  EXPECT_TRUE(Landed(0, 2, 4096));
+  // Sealed requests do not decode as envelopes: the pull is the only request after the first.
+  auto requests = std::make_shared<int>(0);
+  net_->SetRule([requests](const Crossing& c) {
+    return !c.answer && ++*requests == 1 ? Fate::kSpoil : Fate::kDeliver;
+  });
+  EXPECT_THAT(b_->Pull(Into("o", Layout({{dst_region_, 65536, 8192}}))),
+              StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_TRUE(std::all_of(dst_.begin() + 65536, dst_.begin() + 65536 + 8192,
+                          [](char c) { return c == 0; }));
+  EXPECT_EQ(SourcePulls(*a_, "ok"), 1);
+}
+
+TEST_F(SealedNodeTest, ARequestDeliveredTwiceIsServedOnce) {
+  ASSERT_OK(PublishOnA("o", 2, 4096));
+  ASSERT_OK(b_->Pull(Into("o", Layout({{dst_region_, 0, 8192}}))).status());
+  auto requests = std::make_shared<int>(0);
+  net_->SetRule([requests](const Crossing& c) {
+    return !c.answer && ++*requests == 1 ? Fate::kTwice : Fate::kDeliver;
+  });
+  ASSERT_OK_AND_ASSIGN(PullStats s, b_->Pull(Into("o", Layout({{dst_region_, 65536, 8192}}))));
+  EXPECT_EQ(s.bytes, 8192u);
+  EXPECT_TRUE(Landed(65536, 2, 4096));
+  // The copy is a replay: refused without an answer, whichever of the two came first.
+  EXPECT_EQ(SourcePulls(*a_, "ok"), 2);
+}
+
+}  // namespace
+}  // namespace ferry::server
