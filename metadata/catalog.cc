@@ -364,6 +364,7 @@ absl::StatusOr<ObjectRecord> Catalog::Publish(const std::string& name,
         DropVersions(*db_, objects_, name, r.version - options_.keep_versions, batch, removed));
   }
   RETURN_IF_ERROR(WriteLocked(batch, "publish"));
+  NoteLatest(name, r.version);
   for (uint64_t region : RegionsOf(extents)) ++region_users_[region];
   ForgetLocked(removed, released);
   Cache(VersionKey(name, r.version),
@@ -396,6 +397,40 @@ void Catalog::Cache(const std::string& key, std::shared_ptr<const ObjectRecord> 
   if (cache_.emplace(key, std::move(r)).second) cached_extents_ += n;
 }
 
+void Catalog::NoteLatest(const std::string& name, std::optional<uint64_t> version) const {
+  absl::MutexLock lock(&cache_mu_);
+  ++latest_gen_;
+  if (!version) {
+    latest_.erase(name);
+    return;
+  }
+  if (latest_.size() >= kLatestKept) latest_.clear();
+  latest_[name] = *version;
+}
+
+std::shared_ptr<const ObjectRecord> Catalog::Peek(const std::string& name,
+                                                  std::optional<uint64_t> version) const {
+  // mu_ is held across a durable publish's write (and its fsync): not waited for.
+  if (!mu_.TryLock()) return nullptr;
+  auto e = ephemeral_.find(name);
+  const bool ephemeral = e != ephemeral_.end();
+  std::shared_ptr<const ObjectRecord> found;
+  if (ephemeral) {
+    auto it = version ? e->second.find(*version) : std::prev(e->second.end());
+    if (it != e->second.end()) found = it->second;
+  }
+  mu_.Unlock();
+  if (ephemeral) return found;
+  absl::MutexLock lock(&cache_mu_);
+  if (!version) {
+    auto it = latest_.find(name);
+    if (it == latest_.end()) return nullptr;
+    version = it->second;
+  }
+  auto it = cache_.find(VersionKey(name, *version));
+  return it == cache_.end() ? nullptr : it->second;
+}
+
 absl::StatusOr<std::shared_ptr<const ObjectRecord>> Catalog::Get(
     const std::string& name, std::optional<uint64_t> version) const {
   RETURN_IF_ERROR(ValidateObjectName(name));
@@ -411,25 +446,36 @@ absl::StatusOr<std::shared_ptr<const ObjectRecord>> Catalog::Get(
       return it->second;
     }
   }
-  uint64_t v;
-  if (version) {
-    v = *version;
-  } else {
+  std::optional<uint64_t> v = version;
+  uint64_t gen = 0;
+  {
+    absl::MutexLock lock(&cache_mu_);
+    if (!v) {
+      if (auto it = latest_.find(name); it != latest_.end()) v = it->second;
+    }
+    if (v) {
+      if (auto it = cache_.find(VersionKey(name, *v)); it != cache_.end()) return it->second;
+    }
+    gen = latest_gen_;
+  }
+  if (!v) {
     std::string latest;
     rocksdb::Status s = db_->Get({}, objects_, LatestKey(name), &latest);
     if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat("no object '", name, "'"));
     RETURN_IF_ERROR(FromRocksDb(s, "read object"));
     v = DecodeU64(latest);
-  }
-  const std::string key = VersionKey(name, v);
-  {
     absl::MutexLock lock(&cache_mu_);
-    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+    // A publish or delete since the read may have made it stale: then it is not noted.
+    if (gen == latest_gen_) {
+      if (latest_.size() >= kLatestKept) latest_.clear();
+      latest_[name] = *v;
+    }
   }
+  const std::string key = VersionKey(name, *v);
   std::string value;
   rocksdb::Status s = db_->Get({}, objects_, key, &value);
   if (s.IsNotFound()) {
-    return absl::NotFoundError(absl::StrCat("no version ", v, " of object '", name, "'"));
+    return absl::NotFoundError(absl::StrCat("no version ", *v, " of object '", name, "'"));
   }
   RETURN_IF_ERROR(FromRocksDb(s, "read object"));
   ASSIGN_OR_RETURN(ObjectRecord r, DecodeRecord(value));
@@ -498,6 +544,7 @@ absl::Status Catalog::Delete(const std::string& name, std::set<uint64_t>* releas
   RETURN_IF_ERROR(
       DropVersions(*db_, objects_, name, std::numeric_limits<uint64_t>::max(), batch, removed));
   RETURN_IF_ERROR(WriteLocked(batch, "delete object"));
+  NoteLatest(name, std::nullopt);
   ForgetLocked(removed, released);
   return absl::OkStatus();
 }

@@ -117,6 +117,11 @@ class Catalog {
   // never change, and a big layout is not copied for every pull.
   absl::StatusOr<std::shared_ptr<const ObjectRecord>> Get(
       const std::string& name, std::optional<uint64_t> version = std::nullopt) const;
+  // Get's answer when the catalog has it in memory (an ephemeral object, or a version it
+  // decoded before, the latest one included): never reads the store or waits for a change
+  // being written, so it does not wait for the disk. Null when Get would have to.
+  std::shared_ptr<const ObjectRecord> Peek(const std::string& name,
+                                           std::optional<uint64_t> version = std::nullopt) const;
   // Latest versions of names starting with `prefix`, after `after` (exclusive), in name order.
   absl::StatusOr<std::vector<ObjectRecord>> List(const std::string& prefix,
                                                  const std::string& after, size_t limit) const;
@@ -167,6 +172,14 @@ class Catalog {
   mutable std::map<std::string, std::shared_ptr<const ObjectRecord>> cache_
       ABSL_GUARDED_BY(cache_mu_);
   mutable size_t cached_extents_ ABSL_GUARDED_BY(cache_mu_) = 0;
+  // The latest version of durable names, as the store says: set by Publish, dropped by
+  // Delete, and learnt by Get when no change came between its read and its note (latest_gen_
+  // counts changes). Emptied past kLatestKept names.
+  static constexpr size_t kLatestKept = size_t{1} << 16;
+  mutable std::map<std::string, uint64_t> latest_ ABSL_GUARDED_BY(cache_mu_);
+  mutable uint64_t latest_gen_ ABSL_GUARDED_BY(cache_mu_) = 0;
+  // Notes `version` as `name`'s latest (none: it has none).
+  void NoteLatest(const std::string& name, std::optional<uint64_t> version) const;
 };
 
 }  // namespace ferry::metadata

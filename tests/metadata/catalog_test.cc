@@ -150,6 +150,31 @@ TEST_F(CatalogTest, DeleteRemovesEveryVersionAndReleasesRegions) {
   EXPECT_EQ(again.version, 1u);
 }
 
+TEST_F(CatalogTest, PeekAnswersFromMemoryOnlyAndFollowsEveryChangeOfTheLatestVersion) {
+  ASSERT_OK(catalog_->Publish("d", {{1, 0, 10}}, false).status());
+  ASSERT_NO_FATAL_FAILURE(Reopen());
+  // A durable name after a restart: only the store knows its latest version.
+  EXPECT_EQ(catalog_->Peek("d"), nullptr);
+  ASSERT_OK(catalog_->Get("d").status());
+  ASSERT_NE(catalog_->Peek("d"), nullptr);
+  EXPECT_EQ(catalog_->Peek("d")->version, 1u);
+  ASSERT_OK(catalog_->Publish("d", {{2, 0, 10}}, true).status());
+  EXPECT_EQ(catalog_->Peek("d")->version, 2u);
+  ASSERT_OK_AND_ASSIGN(auto latest, catalog_->Get("d"));
+  EXPECT_EQ(latest->version, 2u);
+  ASSERT_NE(catalog_->Peek("d", 1), nullptr);  // decoded by the Get above
+  EXPECT_EQ(catalog_->Peek("d", 1)->version, 1u);
+  ASSERT_OK(catalog_->Delete("d"));
+  EXPECT_EQ(catalog_->Peek("d"), nullptr);
+  EXPECT_THAT(catalog_->Get("d"), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK(catalog_->Publish("d", {{3, 0, 10}}, false).status());
+  EXPECT_EQ(catalog_->Peek("d")->version, 1u);
+  // Ephemeral objects are all in memory.
+  ASSERT_OK(catalog_->Publish("e", {{4, 0, 10}}, false, nullptr, /*durable=*/false).status());
+  ASSERT_NE(catalog_->Peek("e"), nullptr);
+  EXPECT_EQ(catalog_->Peek("e", 7), nullptr);
+}
+
 TEST_F(CatalogTest, KeepVersionsDropsTheOldestOnPublishAndReleasesTheirRegions) {
   catalog_.reset();
   ASSERT_OK_AND_ASSIGN(catalog_, Catalog::Open(dir_.string(), {.sync = false, .keep_versions = 2}));
