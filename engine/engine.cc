@@ -397,31 +397,54 @@ absl::StatusOr<RegionId> Engine::RegisterMemory(void* addr, size_t length, Devic
   entry->addr = static_cast<char*>(addr);
   entry->length = length;
   entry->device = device;
-  RETURN_IF_ERROR(RegisterOnRails(id, entry->addr, length, device, FI_WRITE, *entry));
+  RETURN_IF_ERROR(RegisterOnRails({{id, entry.get()}}, FI_WRITE));
   absl::MutexLock lock(&mu_);
   regions_.emplace(id, std::move(entry));
   return id;
 }
 
-absl::Status Engine::RegisterOnRails(uint64_t id, char* addr, uint64_t length, Device device,
-                                     uint64_t access, RegionEntry& entry) {
-  entry.keys.resize(rails_.size());
-  entry.descs.resize(rails_.size());
+absl::Status Engine::RegisterOnRails(const std::vector<std::pair<uint64_t, RegionEntry*>>& entries,
+                                     uint64_t access) {
+  for (const auto& [id, entry] : entries) {
+    entry->keys.resize(rails_.size());
+    entry->descs.resize(rails_.size());
+  }
+  // One command per group, all in flight at once; each fills the keys of its own rails. They
+  // use `entries` and this frame: every one is waited for, whatever happens.
+  std::vector<std::shared_ptr<Completion>> done(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    done[g] = std::make_shared<Completion>();
+    groups_[g]->Run([this, g, &entries, access, done = done[g]](ProgressGroup& pg) {
+      for (size_t i = 0; i < entries.size(); ++i) {
+        const auto& [id, entry] = entries[i];
+        std::vector<RailMr*> mrs;
+        absl::Status s =
+            pg.RegisterRegion(id, entry->addr, entry->length, entry->device, access, &mrs);
+        if (!s.ok()) {
+          for (size_t j = 0; j < i; ++j) pg.DeregisterRegion(entries[j].first);
+          return done->Set(s);
+        }
+        for (size_t r = 0; r < rails_.size(); ++r) {
+          if (rail_refs_[r].group != g) continue;
+          entry->keys[r] = mrs[rail_refs_[r].index_in_group]->key;
+          entry->descs[r] = mrs[rail_refs_[r].index_in_group]->desc;
+        }
+      }
+      done->Set(absl::OkStatus());
+    });
+  }
   absl::Status status;
-  size_t registered = 0;
-  for (; registered < groups_.size() && status.ok(); ++registered) {
-    std::vector<RailMr*> mrs;
-    status = groups_[registered]->RunAndWait(
-        [&](ProgressGroup& g) { return g.RegisterRegion(id, addr, length, device, access, &mrs); });
-    if (!status.ok()) break;
-    for (size_t r = 0; r < rails_.size(); ++r) {
-      if (rail_refs_[r].group != registered) continue;
-      entry.keys[r] = mrs[rail_refs_[r].index_in_group]->key;
-      entry.descs[r] = mrs[rail_refs_[r].index_in_group]->desc;
-    }
+  std::vector<bool> registered(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    absl::Status s = done[g]->Wait(absl::InfiniteFuture());
+    registered[g] = s.ok();
+    if (status.ok()) status = s;
   }
   if (!status.ok()) {
-    for (size_t g = 0; g <= registered && g < groups_.size(); ++g) DeregisterOnRails(g, id);
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (!registered[g]) continue;
+      for (const auto& [id, entry] : entries) DeregisterOnRails(g, id);
+    }
   }
   return status;
 }
@@ -434,39 +457,63 @@ void Engine::DeregisterOnRails(size_t group, uint64_t id) {
 }
 
 absl::StatusOr<Window> Engine::OpenWindow(RegionId id, uint64_t offset, uint64_t length) {
-  RegionDescriptor d;
-  char* addr = nullptr;
-  uint64_t window_id = 0;
+  ASSIGN_OR_RETURN(std::vector<Window> windows, OpenWindows({{id, offset, length}}));
+  return std::move(windows.front());
+}
+
+absl::StatusOr<std::vector<Window>> Engine::OpenWindows(const std::vector<WindowSpan>& spans) {
+  std::vector<RegionEntry> windows(spans.size());
+  std::vector<std::pair<uint64_t, RegionEntry*>> entries;
+  entries.reserve(spans.size());
   {
     absl::MutexLock lock(&mu_);
-    auto it = regions_.find(id);
-    if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", id));
-    if (length == 0 || !InBounds(offset, length, it->second->length)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("window [", offset, ", +", length, ") is empty or outside region ", id));
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const WindowSpan& w = spans[i];
+      auto it = regions_.find(w.region);
+      if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", w.region));
+      if (w.length == 0 || !InBounds(w.offset, w.length, it->second->length)) {
+        return absl::InvalidArgumentError(absl::StrCat("window [", w.offset, ", +", w.length,
+                                                       ") is empty or outside region ", w.region));
+      }
+      windows[i].addr = it->second->addr + w.offset;
+      windows[i].length = w.length;
+      windows[i].device = it->second->device;
+      entries.emplace_back(next_region_++, &windows[i]);
     }
-    addr = it->second->addr + offset;
-    d.device = it->second->device;
-    window_id = next_region_++;
   }
-  RegionEntry window;
-  RETURN_IF_ERROR(RegisterOnRails(window_id, addr, length, d.device, FI_REMOTE_WRITE, window));
-  d.node = node_id_;
-  d.addr = reinterpret_cast<uintptr_t>(addr);
-  d.length = length;
-  d.offset_addressing = (rails_[0].mr_mode & FI_MR_VIRT_ADDR) == 0;
-  d.keys = window.keys;
+  RETURN_IF_ERROR(RegisterOnRails(entries, FI_REMOTE_WRITE));
+  std::vector<Window> out;
+  out.reserve(spans.size());
   absl::MutexLock lock(&mu_);
-  auto it = regions_.find(id);
-  if (it == regions_.end()) {  // deregistered meanwhile: its windows go with it
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      groups_[g]->Run([window_id](ProgressGroup& pg) { pg.DeregisterRegion(window_id); });
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (!regions_.contains(spans[i].region)) {
+      // Deregistered meanwhile: its windows go with it, and so do the others.
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        groups_[g]->Run([entries](ProgressGroup& pg) {
+          for (const auto& [id, entry] : entries) pg.DeregisterRegion(id);
+        });
+      }
+      for (const Window& w : out) windows_.erase(w.id);
+      for (size_t j = 0; j < out.size(); ++j) {
+        if (auto r = regions_.find(spans[j].region); r != regions_.end()) {
+          std::erase(r->second->windows, out[j].id);
+        }
+      }
+      return absl::NotFoundError(absl::StrCat("no region ", spans[i].region));
     }
-    return absl::NotFoundError(absl::StrCat("no region ", id));
+    const uint64_t window_id = entries[i].first;
+    RegionDescriptor d;
+    d.node = node_id_;
+    d.addr = reinterpret_cast<uintptr_t>(windows[i].addr);
+    d.length = windows[i].length;
+    d.device = windows[i].device;
+    d.offset_addressing = (rails_[0].mr_mode & FI_MR_VIRT_ADDR) == 0;
+    d.keys = std::move(windows[i].keys);
+    regions_.at(spans[i].region)->windows.push_back(window_id);
+    windows_.emplace(window_id, spans[i].region);
+    out.push_back(Window{window_id, std::move(d)});
   }
-  it->second->windows.push_back(window_id);
-  windows_.emplace(window_id, id);
-  return Window{window_id, std::move(d)};
+  return out;
 }
 
 absl::Status Engine::CloseWindow(uint64_t window, bool wait) {
@@ -1003,10 +1050,13 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
       }
       state->parts_alive.store(alive);
       state->parts_data_pending.store(data_pending + (state->tail != nullptr ? 1 : 0));
-      // Counted before any part runs (it may end before Submit returns); the peer is told.
-      ++peer->second.live;
-      state->counted = true;
-      RingBell(TakeRing(peer->second, now, RingKind::kBusy), RingKind::kBusy);
+      // Counted before any part runs (it may end before Submit returns); the peer is told,
+      // unless it polls anyway.
+      if (!req.peer_awake) {
+        ++peer->second.live;
+        state->counted = true;
+        RingBell(TakeRing(peer->second, now, RingKind::kBusy), RingKind::kBusy);
+      }
       for (size_t g = 0; g < groups_.size(); ++g) {
         if (!parts[g]) continue;
         groups_[g]->Run(
@@ -1031,7 +1081,7 @@ absl::StatusOr<TransferStats> Engine::Write(TransferRequest request) {
 }
 
 void Engine::PostControl(PeerId peer, std::string payload,
-                         std::function<void(const absl::Status&)> done) {
+                         std::function<void(const absl::Status&)> done, bool ring) {
   if (!done) done = [](const absl::Status&) {};
   if (payload.size() > options_.max_message) {
     return done(absl::InvalidArgumentError(absl::StrCat("control message of ", payload.size(),
@@ -1065,9 +1115,9 @@ void Engine::PostControl(PeerId peer, std::string payload,
     }
   }
   send->done = std::move(done);
-  // Every message rings: an idle peer polls its rails only every kScanPeriod, and a request
-  // and its answer would each wait for that.
-  Ring(peer, absl::Now(), RingKind::kWake, /*throttled=*/false);
+  // A message rings unless the peer waits for it: an idle peer polls its rails only every
+  // kScanPeriod, and a request and its answer would each wait for that.
+  if (ring) Ring(peer, absl::Now(), RingKind::kWake, /*throttled=*/false);
   SendFrames(std::move(send));
 }
 

@@ -226,6 +226,9 @@ struct TransferRequest {
   // Called once with the transfer's result, on the thread that ends it (a progress thread,
   // or the one that cancels it), after Wait would return it. Must not block.
   std::function<void(const absl::StatusOr<TransferStats>&)> on_done;
+  // The destination polls its rails for as long as the transfer may run (it holds a
+  // KeepAwake for it): its bell is not rung at the start and end. Default: false.
+  bool peer_awake = false;
 };
 
 // A window of a registered region that peers may WRITE into, under keys they cannot guess:
@@ -297,6 +300,10 @@ class AwakeToken {
   std::atomic<int>* count_ = nullptr;
 };
 
+// Whether the calling thread is a progress thread of an engine: work that waits for a progress
+// thread (or may block on a lock held by one that does) must not run there.
+bool OnProgressThread();
+
 // Moves bytes between registered local memory and remote peers over one or more rails (one
 // libfabric domain, endpoint, CQ and AV each). Thread-safe: calls queue work for the progress
 // threads, which alone touch libfabric objects (FI_THREAD_DOMAIN).
@@ -341,6 +348,13 @@ class Engine {
   // keys. kNotFound: unknown region. kInvalidArgument: empty or out of the region's bounds.
   // kResourceExhausted: the provider refused an MR.
   absl::StatusOr<Window> OpenWindow(RegionId id, uint64_t offset, uint64_t length);
+  // OpenWindow for each span, all at once: the windows in the order of `spans`, or none.
+  struct WindowSpan {
+    RegionId region = 0;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+  };
+  absl::StatusOr<std::vector<Window>> OpenWindows(const std::vector<WindowSpan>& spans);
   // The provider refuses WRITEs under the window's keys from the time this returns (`wait`),
   // or from a moment later (the progress threads close it when they get to it).
   // kNotFound: no such window.
@@ -373,8 +387,10 @@ class Engine {
   // next rail; kUnavailable once every rail failed. Never blocks; `done` (may be null) runs on
   // a progress thread or this one and must not block. kInvalidArgument (through `done`):
   // payload over max_message. kNotFound: unknown peer.
+  // `ring` false: the peer polls its rails now (it waits for this message, holding a
+  // KeepAwake), so its bell is not rung.
   void PostControl(PeerId peer, std::string payload,
-                   std::function<void(const absl::Status&)> done = nullptr);
+                   std::function<void(const absl::Status&)> done = nullptr, bool ring = true);
   // PostControl, then waits for `done` until `deadline`.
   absl::Status SendControl(PeerId peer, std::string_view payload,
                            absl::Time deadline = absl::InfiniteFuture());
@@ -433,10 +449,11 @@ class Engine {
   // Has group 0 ring `bell` (FI_ADDR_NOTAVAIL: nothing to do). Thread-safe.
   void RingBell(uint64_t bell, RingKind kind);
   void ReleaseRegions(const std::vector<RegionId>& regions);
-  // Registers [addr, addr + length) under `id` with `access` on every rail (Rail::Register),
-  // filling `entry`'s keys and descriptors; on failure, none stays registered.
-  absl::Status RegisterOnRails(uint64_t id, char* addr, uint64_t length, Device device,
-                               uint64_t access, RegionEntry& entry);
+  // Registers each of `entries` ([addr, addr + length) of its device) under its id with
+  // `access` on every rail (Rail::Register), filling its keys and descriptors: every progress
+  // thread registers them on its rails at once. On failure, none stays registered.
+  absl::Status RegisterOnRails(const std::vector<std::pair<uint64_t, RegionEntry*>>& entries,
+                               uint64_t access);
   void DeregisterOnRails(size_t group, uint64_t id);
   // Control messages: a message's frames on one rail; then the next rail when one failed.
   void SendFrames(std::shared_ptr<ControlSend> send);

@@ -1,6 +1,7 @@
 #include "engine/progress_group.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -15,6 +16,14 @@
 #include "spdlog/spdlog.h"
 
 namespace ferry::engine {
+namespace {
+
+thread_local bool on_progress_thread = false;
+
+}  // namespace
+
+bool OnProgressThread() { return on_progress_thread; }
+
 namespace {
 
 // Completions read per fi_cq_read call, and WRITEs posted per burst (FI_MORE on all but the
@@ -137,6 +146,7 @@ void ProgressGroup::Run(Command command) {
   {
     absl::MutexLock lock(&inbox_mu_);
     inbox_.push_back(std::move(command));
+    inbox_pending_.store(true, std::memory_order_release);
   }
   Wake();
 }
@@ -205,6 +215,7 @@ absl::StatusOr<std::unique_ptr<ProgressGroup::RailState>> ProgressGroup::OpenRai
 }
 
 void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* opened) {
+  on_progress_thread = true;
   // Pinned first, so that the CQs, queues and buffers the rails allocate are NUMA-local.
   absl::Status s = bind ? bind() : absl::OkStatus();
   if (s.ok()) s = OpenRails(std::move(infos));
@@ -226,7 +237,12 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
     const size_t polls = options_.spin_while_awake || !Awake(pass_start) ? 1 : kPollsWhileAwake;
     for (size_t k = 0; k < rails_.size(); ++k) {
       RailState& rs = *rails_[k];
-      for (size_t i = 0; i < polls; ++i) worked |= PollCq(rs) > 0;
+      for (size_t i = 0; i < polls; ++i) {
+        worked |= PollCq(rs) > 0;
+        // Work handed over meanwhile (a message to send, a transfer) does not wait for the
+        // rest of the pass.
+        if (inbox_pending_.load(std::memory_order_acquire)) worked |= DrainInbox();
+      }
       worked |= PostWrites(k);
       worked |= PostSends(rs);
       if (check_sends) CheckSends(rs, absl::Now());
@@ -274,6 +290,7 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
       if (options_.spin_while_awake || now - last_worked < kSpinAfterWake ||
           PassMovedData(now - pass_start)) {
         idle_since = now;
+        sched_yield();
         continue;
       }
       Nap();
@@ -284,7 +301,10 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
     if (idle_since == absl::InfinitePast()) idle_since = now;
     // WRITEs in flight or expected (a destination waiting for a source's pull).
     const bool expecting = busy || awake;
-    if (now - idle_since < (expecting ? kSpinWhileBusy : kSpinAfterWake)) continue;
+    if (now - idle_since < (expecting ? kSpinWhileBusy : kSpinAfterWake)) {
+      sched_yield();
+      continue;
+    }
     Block(expecting || !parts_.empty(), now - idle_since);
   }
   Shutdown();
@@ -506,6 +526,7 @@ bool ProgressGroup::DrainInbox() {
   std::deque<Command> batch;
   {
     absl::MutexLock lock(&inbox_mu_);
+    inbox_pending_.store(false, std::memory_order_relaxed);
     if (inbox_.empty()) return false;
     batch.swap(inbox_);
   }

@@ -439,6 +439,8 @@ class ProgressGroup {
 
   absl::Mutex inbox_mu_;
   std::deque<Command> inbox_ ABSL_GUARDED_BY(inbox_mu_);
+  // inbox_ has work: the thread runs it between the polls of a pass, not only at its start.
+  std::atomic<bool> inbox_pending_{false};
   std::atomic<bool> stop_{false};
   // Written by the thread alone (a load and a store: no locked add in the loop), read by any.
   std::atomic<uint64_t> passes_{0}, waits_{0};

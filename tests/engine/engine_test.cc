@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <numeric>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -888,6 +889,46 @@ TEST(EngineBellTest, AnEngineAsleepOnItsBellIsRungByAPeerThatSendsToIt) {
   // readable once kept both spinning).
   EXPECT_TRUE(AwaitAsleep(*a));
   EXPECT_TRUE(AwaitAsleep(*b));
+}
+
+TEST(EngineWindowsTest, WindowsOpenedTogetherOnEveryProgressThreadTakeTheirWrites) {
+  if (!ProviderAvailable("tcp")) GTEST_SKIP() << "no tcp provider";
+  EngineOptions o;
+  o.domains = {"lo"};
+  o.rails = 4;
+  o.progress_threads = 2;
+  ASSERT_OK_AND_ASSIGN(auto engine, Engine::Create(o));
+  std::vector<char> src(1 << 20), d1(1 << 19, 0), d2(1 << 19, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 13 + 5);
+  ASSERT_OK_AND_ASSIGN(RegionId s, engine->RegisterMemory(src.data(), src.size(), Device::Host()));
+  ASSERT_OK_AND_ASSIGN(RegionId r1, engine->RegisterMemory(d1.data(), d1.size(), Device::Host()));
+  ASSERT_OK_AND_ASSIGN(RegionId r2, engine->RegisterMemory(d2.data(), d2.size(), Device::Host()));
+  // A span out of its region's bounds, or of no region, opens nothing.
+  EXPECT_THAT(engine->OpenWindows({{r1, 0, 10}, {r2, d2.size() - 4, 10}}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(engine->OpenWindows({{r1, 0, 10}, {999, 0, 10}}),
+              StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK_AND_ASSIGN(std::vector<Window> w,
+                       engine->OpenWindows({{r1, 4096, 65536}, {r2, 0, 131072}}));
+  ASSERT_EQ(w.size(), 2u);
+  std::set<uint64_t> keys;
+  for (const Window& win : w) {
+    ASSERT_EQ(win.descriptor.keys.size(), 4u);
+    keys.insert(win.descriptor.keys.begin(), win.descriptor.keys.end());
+  }
+  EXPECT_EQ(keys.size(), 8u);  // a key of its own per window and rail
+  ASSERT_OK_AND_ASSIGN(PeerId self, engine->AddPeer(engine->address()));
+  ASSERT_OK(engine
+                ->Write({.peer = self,
+                         .src = {{s, 0, 65536}, {s, 65536, 131072}},
+                         .dst_regions = {w[0].descriptor, w[1].descriptor},
+                         .dst = {{0, 0, 65536}, {1, 0, 131072}}})
+                .status());
+  EXPECT_TRUE(std::equal(src.begin(), src.begin() + 65536, d1.begin() + 4096));
+  EXPECT_TRUE(std::equal(src.begin() + 65536, src.begin() + 196608, d2.begin()));
+  EXPECT_TRUE(std::all_of(d1.begin(), d1.begin() + 4096, [](char c) { return c == 0; }));
+  for (const Window& win : w) ASSERT_OK(engine->CloseWindow(win.id));
+  EXPECT_THAT(engine->CloseWindow(w[0].id), StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST(EngineCreateTest, TopologyPlacesRailsWithoutAPciDeviceInTheHostGroup) {
