@@ -65,14 +65,28 @@ PeerAddress NodeInfo::address() const {
 }
 
 Node::PullInFlight::PullInFlight(Node* node) : node_(node) {
-  absl::MutexLock lock(&node_->mu_);
+  absl::MutexLock lock(&node_->flight_mu_);
   ++node_->pulls_in_flight_;
 }
 
 Node::PullInFlight::~PullInFlight() {
-  absl::MutexLock lock(&node_->mu_);
-  --node_->pulls_in_flight_;
-  node_->FreeUnusedLocked(kUnpinGrace);  // what a transfer of this pull kept
+  {
+    absl::MutexLock lock(&node_->flight_mu_);
+    --node_->pulls_in_flight_;
+  }
+  // What a transfer of this pull kept. Freeing a region waits for the progress threads: not on
+  // one of them, which hands it to a serving thread.
+  if (!node_->has_unused_.load()) return;
+  if (!engine::OnProgressThread()) {
+    absl::MutexLock lock(&node_->mu_);
+    node_->FreeUnusedLocked(kUnpinGrace);
+    return;
+  }
+  Node* node = node_;
+  node->serve_queue_->Run([node] {
+    absl::MutexLock lock(&node->mu_);
+    node->FreeUnusedLocked(kUnpinGrace);
+  });
 }
 
 Node::Node(const NodeOptions& options) : options_(options), auth_(options.cluster_key) {}
@@ -137,9 +151,10 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Open(const NodeOptions& options) {
 Node::~Node() {
   if (membership_) membership_->Leave();
   {
-    absl::MutexLock lock(&mu_);
-    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pulls_in_flight_ == 0; };
-    mu_.AwaitWithTimeout(absl::Condition(&drained), options_.pull_timeout);
+    absl::MutexLock lock(&flight_mu_);
+    auto drained = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(flight_mu_) { return pulls_in_flight_ == 0; };
+    flight_mu_.AwaitWithTimeout(absl::Condition(&drained), options_.pull_timeout);
   }
   stopping_ = true;
   // No request is served from here on (the engine may still hand some over).
@@ -202,9 +217,9 @@ std::string Node::directory_url() const {
 std::string Node::directory_state() { return membership_ ? membership_->state() : std::string(); }
 
 bool Node::AwaitPulls(absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pulls_in_flight_ == 0; };
-  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+  absl::MutexLock lock(&flight_mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(flight_mu_) { return pulls_in_flight_ == 0; };
+  return flight_mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
 }
 
 void Node::SetTransportsForTesting(std::unique_ptr<PeerTransport> fabric,
@@ -480,6 +495,7 @@ void Node::ReleaseLocked(const std::set<uint64_t>& released) {
     auto it = regions_.find(id);
     if (it != regions_.end() && it->second.info.for_object) unused_.insert(id);
   }
+  has_unused_ = !unused_.empty();
   FreeUnusedLocked();
 }
 
@@ -498,6 +514,7 @@ void Node::FreeUnusedLocked(absl::Duration grace) {
       ++id;
     }
   }
+  has_unused_ = !unused_.empty();
 }
 
 absl::StatusOr<std::unique_ptr<Node::Upload>> Node::BeginUpload(const std::string& name,

@@ -486,9 +486,22 @@ class Node {
   // The answer to one request of `sender` (reached at `from`).
   void Serve(wire::Envelope request, Reply reply);
   absl::StatusOr<ObjectInfo> ServeStat(const wire::StatRequest& request);
+  // What ServeHere looked up already, so that ServePull does not wait for it.
+  struct Resolved {
+    std::shared_ptr<const metadata::ObjectRecord> object;
+    engine::PeerId peer = 0;
+  };
   // Starts a pull; `done` gets its stats or error (possibly before ServePull returns).
   void ServePull(const PeerAddress& from, uint64_t id, wire::PullRequest request,
-                 std::function<void(absl::StatusOr<PullStats>)> done);
+                 std::function<void(absl::StatusOr<PullStats>)> done,
+                 const Resolved* resolved = nullptr);
+  // ServePull for a request of `from`, answered through `reply` (none for a copy of a request
+  // being served).
+  void ServePullRequest(const PeerAddress& from, uint64_t id, wire::PullRequest pull, Reply reply,
+                        const Resolved* resolved);
+  // On the progress thread that received `request`: serves it there when that needs no wait
+  // (true), else leaves it to the serving threads (false).
+  bool ServeHere(const wire::Envelope& request, const Reply& reply);
   // The peer (engine) for a node that asked, added at its first request (blocks for its
   // hellos: never on a progress thread); CachedPeer only looks (kNotFound: none yet, or stale).
   absl::StatusOr<engine::PeerId> PeerFor(const PeerAddress& from, absl::Time deadline);
@@ -516,6 +529,10 @@ class Node {
   // pull replaced it meanwhile); once more, on a fresh peer, when every rail failed on the
   // first try.
   absl::Status SubmitRdma(const std::shared_ptr<RdmaPull>& rdma, engine::PeerId peer);
+  // The transfer's source pieces (engine regions) for `rdma`'s object, checked to be attached
+  // and on the rails; notes whether GPU memory is at either end.
+  absl::Status SourceOfLocked(RdmaPull& rdma, engine::TransferRequest& t)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Drops what this node keeps of `node` when its peer `failed` is still the current one (its
   // engine peer goes too, at the next PeerFor).
   void ForgetPeer(const std::string& node, engine::PeerId failed);
@@ -547,7 +564,12 @@ class Node {
   uint64_t spare_total_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t memory_limit_ = 0;                        // NodeOptions::memory_limit, resolved
   uint64_t reserved_host_ ABSL_GUARDED_BY(mu_) = 0;  // being allocated
-  int pulls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Pulls running here, either side (PullInFlight). A lock of its own, never held while
+  // waiting for anything: progress threads count the pulls they serve.
+  mutable absl::Mutex flight_mu_;
+  int pulls_in_flight_ ABSL_GUARDED_BY(flight_mu_) = 0;
+  // unused_ is not empty (read without mu_, which progress threads do not take).
+  std::atomic<bool> has_unused_{false};
   std::map<uint64_t, std::shared_ptr<Prepared>> prepared_ ABSL_GUARDED_BY(mu_);
   uint64_t next_prepared_ ABSL_GUARDED_BY(mu_) = 1;
   std::unique_ptr<StagingPool> staging_;
@@ -579,7 +601,7 @@ class Node {
   absl::Mutex credits_mu_;
   std::map<std::string, std::shared_ptr<Credits>> credits_ ABSL_GUARDED_BY(credits_mu_);
 
-  // Tests: called before an rdma pull's transfer is submitted to `peer` (NodeTestPeer).
+  // Tests: called as an rdma pull's transfer to `peer` is being submitted (NodeTestPeer).
   std::function<void(const PeerAddress& from, engine::PeerId peer)> before_submit_for_testing_;
 
   // Last: its threads stop before what they use goes.

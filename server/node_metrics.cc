@@ -124,6 +124,9 @@ std::string Node::Metrics() const {
       ++u.count;
       u.bytes += r.info.size;
     }
+  }
+  {
+    absl::MutexLock lock(&flight_mu_);
     pulls = pulls_in_flight_;
   }
   WriteUsage(out, "ferry_regions", "Memory regions this node has registered, by device.",

@@ -317,8 +317,17 @@ absl::StatusOr<Node::Windows> Node::OpenWindows(const std::vector<Extent>& local
       if (s.engine_id == 0) s.descriptor = DescriptorOf(it->second);
     }
   }
+  // Every window at once (each progress thread registers them all on its rails).
+  std::vector<engine::Engine::WindowSpan> open;
+  for (auto& [region, s] : spans) {
+    if (s.engine_id != 0) open.push_back({s.engine_id, s.start, s.end - s.start});
+  }
+  std::vector<engine::Window> opened;
+  if (!open.empty()) {
+    ASSIGN_OR_RETURN(opened, engine_->OpenWindows(open));
+  }
   Windows w;
-  absl::Cleanup close = [&] { CloseWindows(w.ids, /*wait=*/true); };
+  size_t next = 0;
   for (auto& [region, s] : spans) {
     s.index = w.descriptors.size();
     if (s.engine_id == 0) {
@@ -328,17 +337,15 @@ absl::StatusOr<Node::Windows> Node::OpenWindows(const std::vector<Extent>& local
       w.descriptors.push_back(std::move(s.descriptor));
       continue;
     }
-    ASSIGN_OR_RETURN(engine::Window window,
-                     engine_->OpenWindow(s.engine_id, s.start, s.end - s.start));
-    w.ids.push_back(window.id);
-    w.descriptors.push_back(std::move(window.descriptor));
+    w.ids.push_back(opened[next].id);
+    w.descriptors.push_back(std::move(opened[next].descriptor));
+    ++next;
   }
   w.extents.reserve(local.size());
   for (const Extent& e : local) {
     const Span& s = spans[e.region];
     w.extents.push_back({s.index, e.offset - s.start, e.length});
   }
-  std::move(close).Cancel();
   return w;
 }
 

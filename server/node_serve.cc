@@ -69,6 +69,18 @@ bool IsCuda(const Device& d) { return d.is_cuda(); }
 // this many times at most (each replacement is another pull's failure to reach the node).
 constexpr int kPeerReplacedTries = 3;
 
+// A small rdma pull is served on the progress thread that received it (Node::ServeHere) when
+// its request is at most this long and its layouts at most this many pieces: planning more
+// would hold up the thread's rails longer than a serving thread's hand-off takes.
+constexpr size_t kServeHereBytes = 16 << 10;
+constexpr uint64_t kServeHerePieces = 256;
+
+absl::Status Detached(const std::string& object) {
+  return Conflict(absl::StrCat("object '", object,
+                               "' is detached: its regions are not registered since the node "
+                               "restarted"));
+}
+
 uint64_t Chunks(uint64_t size, uint64_t chunk) { return (size + chunk - 1) / chunk; }
 
 // The extents (over this node's regions) of `part` of an object laid out as `extents`.
@@ -120,11 +132,11 @@ uint64_t Bytes(const std::vector<Extent>& extents) {
 
 void Node::OnControl(std::string_view sender, std::string_view payload) {
   // On a progress thread: answers are handed over at once, requests go to the serving threads.
-  auto reply = [this](const PeerAddress& from) -> Reply {
-    return [this, from](std::string sealed) {
+  auto reply = [this](const PeerAddress& from, bool ring) -> Reply {
+    return [this, from, ring](std::string sealed) {
       if (sealed.empty()) return;  // nothing to say (a copy of a request)
       if (auto peer = CachedPeer(from); peer.ok()) {
-        return engine_->PostControl(*peer, std::move(sealed));
+        return engine_->PostControl(*peer, std::move(sealed), nullptr, ring);
       }
       // Adding a peer waits for it: not on a progress thread, which may be this one.
       serve_queue_->Run([this, from, sealed = std::move(sealed)]() mutable {
@@ -162,7 +174,15 @@ void Node::OnControl(std::string_view sender, std::string_view payload) {
     default:
       break;
   }
-  Reply r = reply(envelope->from);
+  // The destination of an rdma or staged pull polls its rails until the answer comes: no
+  // need to ring its bell for it.
+  bool ring = true;
+  if (envelope->type == wire::MessageType::kPull) {
+    const std::optional<uint8_t> path = wire::PeekPullPath(envelope->body);
+    ring = !path || *path == static_cast<uint8_t>(PullPath::kCudaIpc);
+  }
+  Reply r = reply(envelope->from, ring);
+  if (ServeHere(*envelope, r)) return;
   serve_queue_->Run([this, e = *std::move(envelope), r = std::move(r)]() mutable {
     Serve(std::move(e), std::move(r));
   });
@@ -207,48 +227,26 @@ void Node::Serve(wire::Envelope request, Reply reply) {
       return answer(wire::MessageType::kStatAnswer, wire::Encode(*info));
     }
     case wire::MessageType::kPull: {
-      if (Serving(request.from.node, id)) {
-        // A copy (it went over HTTP when the fabric seemed not to carry it): the first answers.
-        if (reply) reply(std::string());
-        return;
-      }
       wire::PullRequest pull;
       absl::Status s = wire::Decode(request.body, &pull, options_.max_extents);
       if (!s.ok()) return fail(s);
-      return ServePull(request.from, id, std::move(pull),
-                       [this, answer, key = absl::StrCat(request.from.node, "/", id)](
-                           absl::StatusOr<PullStats> r) {
-                         auto [type, body] =
-                             r.ok()
-                                 ? std::pair(wire::MessageType::kPullDone, wire::Encode(*r))
-                                 : std::pair(wire::MessageType::kError, wire::Encode(r.status()));
-                         Ended(key, type, body);
-                         answer(type, std::move(body));
-                       });
+      return ServePullRequest(request.from, id, std::move(pull), std::move(reply), nullptr);
     }
     case wire::MessageType::kPullBatch: {
       wire::PullBatch batch;
       absl::Status s = wire::Decode(request.body, &batch, options_.max_extents);
       if (!s.ok()) return fail(s);
       for (auto& [item_id, body] : batch.requests) {
-        auto item_answer = [this, item_id = item_id, reply](wire::MessageType type, std::string b) {
-          if (reply) reply(auth_.Seal(wire::EncodeEnvelope({type, item_id, self_, std::move(b)})));
-        };
         wire::PullRequest pull;
         s = wire::Decode(body, &pull, options_.max_extents);
         if (!s.ok()) {
-          item_answer(wire::MessageType::kError, wire::Encode(s));
+          if (reply) {
+            reply(auth_.Seal(wire::EncodeEnvelope(
+                {wire::MessageType::kError, item_id, self_, wire::Encode(s)})));
+          }
           continue;
         }
-        ServePull(request.from, item_id, std::move(pull),
-                  [this, item_answer, key = absl::StrCat(request.from.node, "/", item_id)](
-                      absl::StatusOr<PullStats> r) {
-                    auto [type, b] =
-                        r.ok() ? std::pair(wire::MessageType::kPullDone, wire::Encode(*r))
-                               : std::pair(wire::MessageType::kError, wire::Encode(r.status()));
-                    Ended(key, type, b);
-                    item_answer(type, std::move(b));
-                  });
+        ServePullRequest(request.from, item_id, std::move(pull), reply, nullptr);
       }
       return;
     }
@@ -284,6 +282,48 @@ void Node::Serve(wire::Envelope request, Reply reply) {
     default:
       return fail(absl::InvalidArgumentError("not a request"));
   }
+}
+
+void Node::ServePullRequest(const PeerAddress& from, uint64_t id, wire::PullRequest pull,
+                            Reply reply, const Resolved* resolved) {
+  if (Serving(from.node, id)) {
+    // A copy (it went over HTTP when the fabric seemed not to carry it): the first answers.
+    if (reply) reply(std::string());
+    return;
+  }
+  ServePull(
+      from, id, std::move(pull),
+      [this, id, reply = std::move(reply),
+       key = absl::StrCat(from.node, "/", id)](absl::StatusOr<PullStats> r) {
+        auto [type, body] = r.ok() ? std::pair(wire::MessageType::kPullDone, wire::Encode(*r))
+                                   : std::pair(wire::MessageType::kError, wire::Encode(r.status()));
+        Ended(key, type, body);
+        if (reply) reply(auth_.Seal(wire::EncodeEnvelope({type, id, self_, std::move(body)})));
+      },
+      resolved);
+}
+
+bool Node::ServeHere(const wire::Envelope& request, const Reply& reply) {
+  // Only what needs no wait: a small rdma pull of an object the catalog has in memory, from a
+  // node that is a peer already. The rest goes to the serving threads, which decode it again.
+  if (request.type != wire::MessageType::kPull || request.body.size() > kServeHereBytes ||
+      stopping_) {
+    return false;
+  }
+  wire::PullRequest pull;
+  if (!wire::Decode(request.body, &pull, kServeHerePieces).ok()) return false;
+  if (pull.path != static_cast<uint8_t>(PullPath::kRdma) || pull.staged) return false;
+  Resolved resolved;
+  resolved.object =
+      catalog_->Peek(pull.object, pull.version == 0 ? std::nullopt : std::optional(pull.version));
+  if (resolved.object == nullptr || resolved.object->extents.size() > kServeHerePieces) {
+    return false;
+  }
+  absl::StatusOr<engine::PeerId> peer = CachedPeer(request.from);
+  if (!peer.ok()) return false;
+  resolved.peer = *peer;
+  ServePullRequest(request.from, request.id, std::move(pull), reply, &resolved);
+  return true;
 }
 
 void Node::Ended(const std::string& key, wire::MessageType type, const std::string& body) {
@@ -386,7 +426,8 @@ void Node::OnCancel(const std::string& sender, uint64_t id) {
 }
 
 void Node::ServePull(const PeerAddress& from, uint64_t id, wire::PullRequest req,
-                     std::function<void(absl::StatusOr<PullStats>)> done) {
+                     std::function<void(absl::StatusOr<PullStats>)> done,
+                     const Resolved* resolved) {
   if (absl::Status s = Accepting(); !s.ok()) return done(s);
   const std::string key = absl::StrCat(from.node, "/", id);
   auto served = std::make_shared<ServedPull>();
@@ -415,12 +456,7 @@ void Node::ServePull(const PeerAddress& from, uint64_t id, wire::PullRequest req
       absl::MutexLock lock(&served_mu_);
       served_.erase(key);
     }
-    bool to_free;
-    {
-      absl::ReaderMutexLock lock(&mu_);
-      to_free = !unused_.empty();
-    }
-    if (!to_free) {
+    if (!has_unused_.load()) {
       in_flight->reset();
       return done(std::move(r));
     }
@@ -440,18 +476,19 @@ void Node::ServePull(const PeerAddress& from, uint64_t id, wire::PullRequest req
       return absl::InvalidArgumentError(absl::StrCat("unknown path ", req.path));
     }
     const auto path = static_cast<PullPath>(req.path);
-    ASSIGN_OR_RETURN(
-        std::shared_ptr<const metadata::ObjectRecord> object,
-        catalog_->Get(req.object, req.version == 0 ? std::nullopt : std::optional(req.version)));
+    std::shared_ptr<const metadata::ObjectRecord> object;
+    if (resolved != nullptr) {
+      object = resolved->object;
+    } else {
+      ASSIGN_OR_RETURN(
+          object,
+          catalog_->Get(req.object, req.version == 0 ? std::nullopt : std::optional(req.version)));
+    }
     ASSIGN_OR_RETURN(std::vector<Extent> source, PartOf(object->extents, object->size, req.part));
     const uint64_t size = Bytes(source);
-    {
+    if (resolved == nullptr) {  // else SubmitRdma checks it (without waiting for mu_)
       absl::ReaderMutexLock lock(&mu_);
-      if (!Attached(*object)) {
-        return Conflict(absl::StrCat("object '", req.object,
-                                     "' is detached: its regions are not "
-                                     "registered since the node restarted"));
-      }
+      if (!Attached(*object)) return Detached(req.object);
     }
     auto stats_of = [object](PullStats s) {
       s.object = object->name;
@@ -464,7 +501,12 @@ void Node::ServePull(const PeerAddress& from, uint64_t id, wire::PullRequest req
       finish(stats_of(std::move(s)));
       return absl::OkStatus();
     }
-    ASSIGN_OR_RETURN(engine::PeerId peer, PeerFor(from, deadline));
+    engine::PeerId peer = 0;
+    if (resolved != nullptr) {
+      peer = resolved->peer;
+    } else {
+      ASSIGN_OR_RETURN(peer, PeerFor(from, deadline));
+    }
     if (path == PullPath::kStaged) {
       if (!req.staged) return absl::InvalidArgumentError("the staged path needs a staging ring");
       auto s = ServeStaged(*object, source, peer, req.staging, deadline);
@@ -491,12 +533,34 @@ void Node::ServePull(const PeerAddress& from, uint64_t id, wire::PullRequest req
   if (!s.ok()) finish(s);
 }
 
+absl::Status Node::SourceOfLocked(RdmaPull& rdma, engine::TransferRequest& t) {
+  if (!Attached(*rdma.object)) {
+    return rdma.attempts > 1 ? Conflict("the object's regions went during the pull")
+                             : Detached(rdma.object->name);
+  }
+  t.src.reserve(rdma.source.size());
+  rdma.gpu = std::any_of(t.dst_regions.begin(), t.dst_regions.end(),
+                         [](const RegionDescriptor& d) { return d.device.is_cuda(); });
+  for (const Extent& e : rdma.source) {
+    const Region& r = regions_.at(e.region);
+    rdma.gpu = rdma.gpu || r.info.device.is_cuda();
+    if (r.engine_id == 0) {
+      return Conflict(absl::StrCat("rdma: region ", e.region, " (", r.info.device.ToString(), ") ",
+                                   kNotOnRails, "; use the staged path"));
+    }
+    t.src.push_back({r.engine_id, e.offset, e.length});
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Node::SubmitRdma(const std::shared_ptr<RdmaPull>& rdma, engine::PeerId peer) {
+  if (before_submit_for_testing_) before_submit_for_testing_(rdma->from, peer);
   ++rdma->attempts;
   ASSIGN_OR_RETURN(PullTarget target, ResolveTarget(rdma->from.node, rdma->request, rdma->size));
   engine::TransferRequest t;
   t.peer = peer;
   t.deadline = rdma->deadline;
+  t.peer_awake = true;  // the destination holds a KeepAwake until the pull's answer
   t.dst_regions = *target.regions;
   t.dst = std::move(target.extents);
   t.on_done = [this, rdma, peer](const absl::StatusOr<engine::TransferStats>& r) {
@@ -536,23 +600,28 @@ absl::Status Node::SubmitRdma(const std::shared_ptr<RdmaPull>& rdma, engine::Pee
     s.rail_seconds = r->rail_seconds;
     rdma->finish(std::move(s));
   };
-  {
-    absl::MutexLock lock(&mu_);
-    if (!Attached(*rdma->object)) return Conflict("the object's regions went during the pull");
-    t.src.reserve(rdma->source.size());
-    rdma->gpu = std::any_of(t.dst_regions.begin(), t.dst_regions.end(),
-                            [](const RegionDescriptor& d) { return d.device.is_cuda(); });
-    for (const Extent& e : rdma->source) {
-      const Region& r = regions_.at(e.region);
-      rdma->gpu = rdma->gpu || r.info.device.is_cuda();
-      if (r.engine_id == 0) {
-        return Conflict(absl::StrCat("rdma: region ", e.region, " (", r.info.device.ToString(),
-                                     ") ", kNotOnRails, "; use the staged path"));
-      }
-      t.src.push_back({r.engine_id, e.offset, e.length});
-    }
+  // On a progress thread (ServeHere) mu_ is not waited for, nor a peer looked up: when either
+  // would wait, the submission goes to a serving thread.
+  const bool here = engine::OnProgressThread();
+  auto elsewhere = [this, rdma, peer]() -> absl::Status {
+    const bool queued = serve_queue_->Run([this, rdma, peer] {
+      absl::Status s = SubmitRdma(rdma, peer);
+      if (!s.ok()) rdma->finish(s);
+    });
+    if (!queued) return absl::UnavailableError("this node is stopping");
+    --rdma->attempts;  // the serving thread's try counts instead
+    return absl::OkStatus();
+  };
+  absl::Status source;
+  if (here) {
+    if (!mu_.ReaderTryLock()) return elsewhere();
+    source = SourceOfLocked(*rdma, t);
+    mu_.ReaderUnlock();
+  } else {
+    absl::ReaderMutexLock lock(&mu_);
+    source = SourceOfLocked(*rdma, t);
   }
-  if (before_submit_for_testing_) before_submit_for_testing_(rdma->from, peer);
+  RETURN_IF_ERROR(source);
   absl::StatusOr<engine::Transfer> transfer = absl::UnknownError("not submitted");
   {
     absl::MutexLock lock(&rdma->served->mu);
@@ -571,6 +640,10 @@ absl::Status Node::SubmitRdma(const std::shared_ptr<RdmaPull>& rdma, engine::Pee
   if (++rdma->replaced > kPeerReplacedTries) {
     return absl::UnavailableError(absl::StrCat("node ", rdma->from.node, ": its peer ", peer,
                                                " was replaced: ", transfer.status().message()));
+  }
+  if (here) {
+    --rdma->replaced;  // counted again there
+    return elsewhere();
   }
   ASSIGN_OR_RETURN(engine::PeerId fresh, PeerFor(rdma->from, rdma->deadline));
   --rdma->attempts;

@@ -243,6 +243,15 @@ absl::Status Decode(ByteReader& in, Layout* l, uint64_t max_pieces) {
   return absl::OkStatus();
 }
 
+std::optional<uint8_t> PeekPullPath(std::string_view b) {
+  ByteReader in(b);
+  std::string_view object;
+  uint64_t version;
+  uint8_t path;
+  if (!in.Bytes(&object) || !in.U64(&version) || !in.U8(&path)) return std::nullopt;
+  return path;
+}
+
 std::string Encode(const PullRequest& r) {
   std::string out;
   ByteWriter w(&out);

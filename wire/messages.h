@@ -6,6 +6,7 @@
 #define FERRY_WIRE_MESSAGES_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -141,6 +142,9 @@ absl::Status Decode(std::string_view b, NodeSummary* n);
 // kInvalidArgument past `max_requests` requests.
 absl::Status Decode(std::string_view b, PullBatch* batch, size_t max_requests);
 absl::Status DecodeId(std::string_view b, uint64_t* id);
+// The path of an encoded PullRequest, read without decoding the rest; nullopt when `b` is too
+// short to say.
+std::optional<uint8_t> PeekPullPath(std::string_view b);
 
 // Layout codec (also used by the catalog's records).
 void Encode(const Layout& l, ByteWriter& out);

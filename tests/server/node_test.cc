@@ -15,8 +15,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "base/status.h"
 #include "engine/fabric.h"
+#include "server/http_api.h"
+#include "server/http_server.h"
 #include "server/work_queue.h"
 #include "tests/testing/status_matchers.h"
 #include "wire/auth.h"
@@ -31,6 +34,11 @@ class NodeTestPeer {
   static void BeforeSubmit(Node& node,
                            std::function<void(const PeerAddress&, engine::PeerId)> hook) {
     node.before_submit_for_testing_ = std::move(hook);
+  }
+  // Runs `f` holding the node's lock on its regions (as deleting a region does).
+  static void HoldLock(Node& node, const std::function<void()>& f) {
+    absl::MutexLock lock(&node.mu_);
+    f();
   }
   // What another pull of the node does when its transfer to `peer` found every rail down:
   // forgets the peer, and makes a fresh one for `from`.
@@ -435,6 +443,95 @@ TEST_F(NodeTest, APeerReplacedBetweenItsLookupAndTheSubmissionTakesTheTransferIn
   ASSERT_OK(fresh->status());
   EXPECT_EQ(s.bytes, 8192u);
   EXPECT_TRUE(Landed(8192, 2, 4096));
+}
+
+// Nodes on their real transports (the fabric, and HTTP for first contact), each with its own
+// HTTP server as ferryd has: what runs on their progress threads is production's.
+class WiredNodeTest : public ::testing::Test {
+ protected:
+  struct Wired {
+    std::unique_ptr<Node> node;
+    HttpServer http{ConnectionLimits{}};
+    std::thread serving;
+    std::string url;
+    ~Wired() {
+      StopOnceRunning(http);
+      if (serving.joinable()) serving.join();
+    }
+  };
+  void SetUp() override {
+    if (!engine::ProviderAvailable("tcp")) GTEST_SKIP() << "no libfabric tcp provider";
+    dir_ = std::filesystem::temp_directory_path() / absl::StrCat("wired-node-test-", getpid());
+    std::filesystem::remove_all(dir_);
+    ASSERT_OK_AND_ASSIGN(a_, Open("a"));
+    ASSERT_OK_AND_ASSIGN(b_, Open("b"));
+  }
+  void TearDown() override {
+    b_.reset();
+    a_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  absl::StatusOr<std::unique_ptr<Wired>> Open(const std::string& name) {
+    NodeOptions o;
+    o.data_dir = (dir_ / name).string();
+    o.sync = false;
+    o.engine.provider = "tcp";
+    o.engine.domains = {"lo"};
+    o.engine.rails = 2;
+    auto w = std::make_unique<Wired>();
+    ASSIGN_OR_RETURN(w->node, Node::Open(o));
+    InstallRoutes(w->http, *w->node, {});
+    const int port = w->http.Bind("127.0.0.1", 0);
+    if (port < 0) return absl::UnavailableError("cannot listen");
+    w->url = absl::StrCat("http://127.0.0.1:", port);
+    w->serving = std::thread([h = &w->http] { h->listen_after_bind(); });
+    return w;
+  }
+  std::filesystem::path dir_;
+  std::unique_ptr<Wired> a_, b_;
+};
+
+TEST_F(WiredNodeTest, AProgressThreadServingAPullNeverWaitsForTheNodesLock) {
+  Node& a = *a_->node;
+  Node& b = *b_->node;
+  std::vector<char> src = Pattern(8192, 9), dst(8192, 0);
+  ASSERT_OK_AND_ASSIGN(RegionInfo sr, a.RegisterRegion(src.data(), src.size(), Device::Host()));
+  ASSERT_OK_AND_ASSIGN(RegionInfo dr, b.RegisterRegion(dst.data(), dst.size(), Device::Host()));
+  ASSERT_OK(a.Publish("o", Layout({{sr.id, 0, 8192}}), {.durable = false}).status());
+  PullSpec spec;
+  spec.from = a_->url;
+  spec.object = "o";
+  spec.into = Layout({{dr.id, 0, 8192}});
+  // Met: the next pull is small, of an object in memory, from a peer; A serves it on the
+  // progress thread that receives it.
+  ASSERT_OK(b.Pull(spec).status());
+  std::fill(dst.begin(), dst.end(), 0);
+  std::thread holder;
+  absl::Notification holding;
+  bool here = false;
+  NodeTestPeer::BeforeSubmit(a, [&](const PeerAddress&, engine::PeerId) {
+    if (!engine::OnProgressThread() || here) return;
+    here = true;
+    // Another thread takes A's lock and, holding it, waits for A's progress threads (memory
+    // registered and deregistered), as deleting a region does: a progress thread that waited
+    // for the lock would never let it finish.
+    holder = std::thread([&] {
+      NodeTestPeer::HoldLock(a, [&] {
+        holding.Notify();
+        std::vector<char> buf(4096);
+        auto r = a.engine().RegisterMemory(buf.data(), buf.size(), Device::Host());
+        if (r.ok()) IgnoreError(a.engine().DeregisterMemory(*r));
+      });
+    });
+    holding.WaitForNotification();
+  });
+  absl::StatusOr<PullStats> s = b.Pull(spec);
+  if (holder.joinable()) holder.join();
+  NodeTestPeer::BeforeSubmit(a, nullptr);
+  ASSERT_OK(s.status());
+  EXPECT_TRUE(here);
+  EXPECT_EQ(s->bytes, 8192u);
+  EXPECT_EQ(dst, src);
 }
 
 class SealedNodeTest : public NodeTest {
