@@ -234,7 +234,12 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
     const absl::Time pass_start = absl::Now();
     const bool check_sends = pass_start >= next_send_check_;
     if (check_sends) next_send_check_ = pass_start + kSendCheckPeriod;
-    const size_t polls = options_.spin_while_awake || !Awake(pass_start) ? 1 : kPollsWhileAwake;
+    // Right after a completion (a small pull's answer is due) a pass polls each rail once, so
+    // that a message on any rail waits for one call per rail, not kPollsWhileAwake.
+    const size_t polls =
+        options_.spin_while_awake || !Awake(pass_start) || pass_start - last_worked < kSpinAfterWake
+            ? 1
+            : kPollsWhileAwake;
     for (size_t k = 0; k < rails_.size(); ++k) {
       RailState& rs = *rails_[k];
       for (size_t i = 0; i < polls; ++i) {
@@ -287,10 +292,16 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
     // move data, napping between bursts (Nap). spin_while_awake: never a nap.
     const bool awake = Awake(now);
     if (awake) {
+      // Only a pass of kPollsWhileAwake polls a rail is judged (a shorter one would lower the
+      // measure of an empty pass): after a shorter one, a full pass comes first.
       if (options_.spin_while_awake || now - last_worked < kSpinAfterWake ||
-          PassMovedData(now - pass_start)) {
+          polls < kPollsWhileAwake) {
         idle_since = now;
-        sched_yield();
+        sched_yield();  // spinning: a thread that has work (a woken caller) goes first
+        continue;
+      }
+      if (PassMovedData(now - pass_start)) {
+        idle_since = now;
         continue;
       }
       Nap();
