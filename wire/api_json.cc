@@ -336,6 +336,111 @@ nlohmann::json ToJson(const PullSpec& spec) {
   return j;
 }
 
+absl::StatusOr<DistributeSpec> DistributeSpecFromJson(const nlohmann::json& j) {
+  if (!j.is_object()) return absl::InvalidArgumentError("a distribution must be an object");
+  DistributeSpec spec;
+  ASSIGN_OR_RETURN(const nlohmann::json* object, Field(j, "object"));
+  if (!object->is_string()) return absl::InvalidArgumentError("\"object\" must be a string");
+  spec.object = object->get<std::string>();
+  if (j.contains("version")) {
+    ASSIGN_OR_RETURN(uint64_t v, UnsignedField(j, "version"));
+    if (v == 0) return absl::InvalidArgumentError("\"version\" must be positive");
+    spec.version = v;
+  }
+  if (j.contains("to")) {
+    const nlohmann::json& to = j["to"];
+    if (!to.is_array()) return absl::InvalidArgumentError("\"to\" must be an array of URLs");
+    for (const auto& u : to) {
+      if (!u.is_string()) return absl::InvalidArgumentError("\"to\" must be an array of URLs");
+      spec.to.push_back(u.get<std::string>());
+    }
+  }
+  if (j.contains("labels")) {
+    const nlohmann::json& labels = j["labels"];
+    if (!labels.is_object()) return absl::InvalidArgumentError("\"labels\" must be an object");
+    for (const auto& [k, v] : labels.items()) {
+      if (!v.is_string()) return absl::InvalidArgumentError("a label's value must be a string");
+      spec.labels[k] = v.get<std::string>();
+    }
+  }
+  for (const char* flag : {"all", "checksum", "durable"}) {
+    if (j.contains(flag) && !j[flag].is_boolean()) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", flag, "\" must be true or false"));
+    }
+  }
+  spec.all = j.value("all", false);
+  spec.checksum = j.value("checksum", true);
+  spec.durable = j.value("durable", true);
+  if (j.contains("device")) {
+    if (!j["device"].is_string()) return absl::InvalidArgumentError("\"device\" must be a string");
+    spec.device = j["device"].get<std::string>();
+  }
+  if (j.contains("chunk_bytes")) {
+    ASSIGN_OR_RETURN(spec.chunk_bytes, UnsignedField(j, "chunk_bytes"));
+    if (spec.chunk_bytes == 0)
+      return absl::InvalidArgumentError("\"chunk_bytes\" must be positive");
+  }
+  if (j.contains("timeout_ms")) {
+    ASSIGN_OR_RETURN(spec.timeout_ms, UnsignedField(j, "timeout_ms"));
+  }
+  return spec;
+}
+
+nlohmann::json ToJson(const DistributeSpec& spec) {
+  nlohmann::json j = {{"object", spec.object},
+                      {"checksum", spec.checksum},
+                      {"device", spec.device},
+                      {"durable", spec.durable}};
+  if (spec.version) j["version"] = *spec.version;
+  if (!spec.to.empty()) j["to"] = spec.to;
+  if (!spec.labels.empty()) j["labels"] = spec.labels;
+  if (spec.all) j["all"] = true;
+  if (spec.chunk_bytes != 0) j["chunk_bytes"] = spec.chunk_bytes;
+  if (spec.timeout_ms != 0) j["timeout_ms"] = spec.timeout_ms;
+  return j;
+}
+
+nlohmann::json ToJson(const DistributeResult& r) {
+  nlohmann::json receivers = nlohmann::json::array();
+  for (const ReceiverResult& rr : r.receivers) {
+    nlohmann::json one = {{"node", rr.node},       {"url", rr.url},
+                          {"ok", rr.status.ok()},  {"seconds", rr.seconds},
+                          {"bytes", rr.bytes},     {"refetched_chunks", rr.refetched_chunks},
+                          {"skipped", rr.skipped}, {"held_already", rr.held_already}};
+    if (!rr.status.ok()) one.update(ErrorBody(rr.status));
+    receivers.push_back(std::move(one));
+  }
+  return {{"object", r.object},    {"version", r.version},         {"size", r.size},
+          {"chunks", r.chunks},    {"chunk_bytes", r.chunk_bytes}, {"seconds", r.seconds},
+          {"receivers", receivers}};
+}
+
+absl::StatusOr<DistributeResult> DistributeResultFromJson(const nlohmann::json& j) {
+  DistributeResult r;
+  try {
+    r.object = j.at("object").get<std::string>();
+    r.version = j.at("version").get<uint64_t>();
+    r.size = j.at("size").get<uint64_t>();
+    r.chunks = j.at("chunks").get<uint64_t>();
+    r.chunk_bytes = j.at("chunk_bytes").get<uint64_t>();
+    r.seconds = j.at("seconds").get<double>();
+    for (const auto& one : j.at("receivers")) {
+      ReceiverResult& rr = r.receivers.emplace_back();
+      rr.node = one.value("node", "");
+      rr.url = one.at("url").get<std::string>();
+      rr.seconds = one.value("seconds", 0.0);
+      rr.bytes = one.value("bytes", uint64_t{0});
+      rr.refetched_chunks = one.value("refetched_chunks", uint64_t{0});
+      rr.skipped = one.value("skipped", std::vector<std::string>());
+      rr.held_already = one.value("held_already", false);
+      if (!one.value("ok", false)) rr.status = StatusFromJson(one, rr.url);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("a distribution's answer: ", e.what()));
+  }
+  return r;
+}
+
 absl::StatusOr<nlohmann::json> ParseRequestBody(std::string_view body, bool with_extents) {
   std::string_view json = body, raw;
   if (with_extents) {

@@ -34,6 +34,13 @@ nlohmann::json ToJson(const Layout& layout);
 absl::StatusOr<PullSpec> PullSpecFromJson(const nlohmann::json& j, uint64_t max_pieces);
 nlohmann::json ToJson(const PullSpec& spec);
 
+// A distribution as POST /v1/distribute describes it, and its answer. kInvalidArgument: a
+// field missing or of the wrong type.
+absl::StatusOr<DistributeSpec> DistributeSpecFromJson(const nlohmann::json& j);
+nlohmann::json ToJson(const DistributeSpec& spec);
+nlohmann::json ToJson(const DistributeResult& r);
+absl::StatusOr<DistributeResult> DistributeResultFromJson(const nlohmann::json& j);
+
 // A request body: a JSON object, or with `with_extents` (a body of kExtentsContentType) a JSON
 // object, a newline and raw extents, which become its string "extents_raw". kInvalidArgument
 // otherwise, or nested deeper than kMaxJsonDepth.

@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "wire/http_status.h"
@@ -64,7 +65,7 @@ absl::StatusOr<Envelope> DecodeEnvelope(std::string_view bytes) {
         absl::StrCat("message of version ", version, "; this ferry speaks ", kVersion));
   }
   if (type < static_cast<uint8_t>(MessageType::kStat) ||
-      type > static_cast<uint8_t>(MessageType::kUnknownRequest)) {
+      type > static_cast<uint8_t>(MessageType::kReceiveDone)) {
     return absl::InvalidArgumentError(absl::StrCat("message of unknown type ", type));
   }
   e.type = static_cast<MessageType>(type);
@@ -130,6 +131,75 @@ absl::Status Decode(std::string_view b, NodeSummary* n) {
   if (!in.U8(&sealed) || sealed > 1) return Malformed("node summary");
   n->sealed = sealed != 0;
   return Done(in, "node summary");
+}
+
+std::string Encode(const Receive& r) {
+  std::string out;
+  ByteWriter w(&out);
+  w.U64(r.id);
+  w.Bytes(r.object);
+  w.U64(r.version);
+  w.U64(r.size);
+  w.U64(r.chunk_bytes);
+  w.U32(static_cast<uint32_t>(r.upstream.size()));
+  for (const std::string& u : r.upstream) w.Bytes(u);
+  EncodeU32s(r.crc32c, w);
+  w.Bytes(r.device);
+  w.U64(r.timeout_ms);
+  w.U8(r.durable ? 1 : 0);
+  return out;
+}
+
+absl::Status Decode(std::string_view b, Receive* r, uint64_t max_chunks) {
+  ByteReader in(b);
+  uint32_t n = 0;
+  if (!in.U64(&r->id) || !in.Bytes(&r->object) || !in.U64(&r->version) || !in.U64(&r->size) ||
+      !in.U64(&r->chunk_bytes) || !in.U32(&n) || n > max_chunks || n > in.left() / 4) {
+    return Malformed("receive");
+  }
+  r->upstream.resize(n);
+  for (std::string& u : r->upstream) {
+    if (!in.Bytes(&u)) return Malformed("receive");
+  }
+  uint8_t durable = 0;
+  if (!DecodeU32s(in, &r->crc32c, max_chunks) || !in.Bytes(&r->device) || !in.U64(&r->timeout_ms) ||
+      !in.U8(&durable) || durable > 1) {
+    return Malformed("receive");
+  }
+  r->durable = durable != 0;
+  return Done(in, "receive");
+}
+
+std::string Encode(const ReceiveStats& r) {
+  std::string out;
+  ByteWriter w(&out);
+  w.U64(r.bytes);
+  w.U64(absl::bit_cast<uint64_t>(r.seconds));
+  w.U64(r.chunks);
+  w.U64(r.refetched);
+  w.U32(static_cast<uint32_t>(r.skipped.size()));
+  for (const std::string& s : r.skipped) w.Bytes(s);
+  w.U8(r.held_already ? 1 : 0);
+  return out;
+}
+
+absl::Status Decode(std::string_view b, ReceiveStats* r) {
+  ByteReader in(b);
+  uint64_t seconds = 0;
+  uint32_t n = 0;
+  if (!in.U64(&r->bytes) || !in.U64(&seconds) || !in.U64(&r->chunks) || !in.U64(&r->refetched) ||
+      !in.U32(&n) || n > in.left() / 4) {
+    return Malformed("receive stats");
+  }
+  r->seconds = absl::bit_cast<double>(seconds);
+  r->skipped.resize(n);
+  for (std::string& s : r->skipped) {
+    if (!in.Bytes(&s)) return Malformed("receive stats");
+  }
+  uint8_t held = 0;
+  if (!in.U8(&held) || held > 1) return Malformed("receive stats");
+  r->held_already = held != 0;
+  return Done(in, "receive stats");
 }
 
 std::string Encode(const PullBatch& b) {

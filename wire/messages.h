@@ -37,6 +37,9 @@ enum class MessageType : uint8_t {
                       // kUnknownRequest when the source never had it
   kRunning = 13,
   kUnknownRequest = 14,
+  kReceive = 15,      // a distribution's coordinator -> a receiver: Receive; answered kRunning
+                      // (taken) or kError at once, its end then asked with kQuery
+  kReceiveDone = 16,  // ReceiveStats: the receive's end, as kQuery's answer
 };
 
 // The content type of POST /v1/peer bodies and answers.
@@ -110,6 +113,33 @@ struct PullBatch {
   std::vector<std::pair<uint64_t, std::string>> requests;  // id, encoded PullRequest
 };
 
+// A receiver's part in a distribution: take `object` version `version` (`size` bytes) in
+// chunks of `chunk_bytes` from the first node of `upstream` that has them (nodes before this
+// one in the chain, nearest first; the last is the source), serving the chunks it has while it
+// receives, and hold it as that version.
+struct Receive {
+  uint64_t id = 0;  // the coordinator's, for its kQuery and kCancel
+  std::string object;
+  uint64_t version = 0;
+  uint64_t size = 0;
+  uint64_t chunk_bytes = 0;
+  std::vector<std::string> upstream;  // URLs
+  std::vector<uint32_t> crc32c;       // per chunk; empty: not checked
+  std::string device;                 // Device::ToString() of where it goes
+  uint64_t timeout_ms = 0;
+  bool durable = true;
+};
+
+// How a receive went.
+struct ReceiveStats {
+  uint64_t bytes = 0;
+  double seconds = 0;
+  uint64_t chunks = 0;
+  uint64_t refetched = 0;            // chunks pulled again (an upstream failed, a bad checksum)
+  std::vector<std::string> skipped;  // upstreams it gave up on, each with why
+  bool held_already = false;         // it had the version before
+};
+
 struct Credit {
   uint32_t tag = 0;
   uint64_t chunk = 0;
@@ -127,6 +157,8 @@ std::string Encode(const absl::Status& s);  // code, message and an HTTP status 
 std::string Encode(const Credit& c);
 std::string Encode(const NodeSummary& n);
 std::string Encode(const PullBatch& b);
+std::string Encode(const Receive& r);
+std::string Encode(const ReceiveStats& r);
 std::string EncodeId(uint64_t id);  // kCancel, kCancelDone: the request id
 
 // Decoders: kInvalidArgument on short, malformed or trailing input. Layouts, extent and index
@@ -142,6 +174,9 @@ absl::Status Decode(std::string_view b, NodeSummary* n);
 // kInvalidArgument past `max_requests` requests.
 absl::Status Decode(std::string_view b, PullBatch* batch, size_t max_requests);
 absl::Status DecodeId(std::string_view b, uint64_t* id);
+// kInvalidArgument past `max_chunks` chunks, or upstreams.
+absl::Status Decode(std::string_view b, Receive* r, uint64_t max_chunks);
+absl::Status Decode(std::string_view b, ReceiveStats* r);
 // The path of an encoded PullRequest, read without decoding the rest; nullopt when `b` is too
 // short to say.
 std::optional<uint8_t> PeekPullPath(std::string_view b);

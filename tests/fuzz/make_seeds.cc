@@ -54,6 +54,16 @@ int main(int argc, char** argv) {
       {MessageType::kCredit, Encode(Credit{.tag = 3, .chunk = 4})},
       {MessageType::kHelloAnswer, Encode(NodeSummary{.id = "n1", .address = from})},
       {MessageType::kPullBatch, Encode(PullBatch{.requests = {{1, Encode(pull)}}})},
+      {MessageType::kReceive, Encode(Receive{.id = 3,
+                                             .object = "w",
+                                             .version = 2,
+                                             .size = 3 << 20,
+                                             .chunk_bytes = 1 << 20,
+                                             .upstream = {"http://b:1", "http://a:1"},
+                                             .crc32c = {1, 2, 3},
+                                             .device = "host"})},
+      {MessageType::kReceiveDone,
+       Encode(ReceiveStats{.bytes = 8192, .seconds = 0.5, .chunks = 2, .skipped = {"x: gone"}})},
   };
   for (const auto& [type, body] : bodies) {
     const std::string name = std::to_string(static_cast<int>(type));

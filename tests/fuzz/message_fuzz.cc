@@ -33,6 +33,8 @@ void Bodies(std::string_view b) {
   RoundTrip<Credit>(b);
   RoundTrip<NodeSummary>(b);
   RoundTrip<PullBatch>(b, size_t{1024});
+  RoundTrip<Receive>(b, kMaxPieces);
+  RoundTrip<ReceiveStats>(b);
   absl::Status s;
   if (DecodeStatus(b, &s).ok()) {
     absl::Status again;
