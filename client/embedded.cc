@@ -63,6 +63,7 @@ absl::StatusOr<std::unique_ptr<EmbeddedNode>> EmbeddedNode::Start(
   const int port = impl->http.Bind(host, want);
   if (port < 0) return absl::UnavailableError("cannot listen on " + options.listen);
   impl->url = absl::StrCat("http://", host, ":", port);
+  impl->node->SetUrl(impl->url);
   impl->serving = std::thread([h = &impl->http] { h->listen_after_bind(); });
   return std::unique_ptr<EmbeddedNode>(new EmbeddedNode(std::move(impl)));
 }

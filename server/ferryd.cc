@@ -290,6 +290,7 @@ int main(int argc, char** argv) {
     std::cerr << "ferryd: " << node.status() << "\n";
     return 1;
   }
+  (*node)->SetUrl(url);
   http.on_drain = [] { kill(getpid(), SIGTERM); };
   ferry::server::InstallRoutes(server, **node, http);
   // One line on stdout for whoever started us: where we listen and who we are.

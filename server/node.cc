@@ -25,6 +25,8 @@ namespace ferry::server {
 namespace {
 
 constexpr uint64_t kMaxRegionSize = uint64_t{1} << 40;
+// Receives (distributions) that run at once; more wait for a thread.
+constexpr size_t kReceiveThreads = 8;
 
 void FreeCuda(char* p) { engine::CudaFree(p); }
 
@@ -141,6 +143,7 @@ absl::StatusOr<std::unique_ptr<Node>> Node::Open(const NodeOptions& options) {
   node->fabric_ = MakeFabricTransport(*node->engine_);
   node->http_ = MakeHttpTransport();
   node->serve_queue_ = std::make_unique<WorkQueue>(ServeThreads(options.serve_threads));
+  node->receive_queue_ = std::make_unique<WorkQueue>(kReceiveThreads);
   if (directory) {
     node->membership_ = std::make_unique<cluster::Membership>(std::move(directory), node->id(),
                                                               options.directory_ttl);
@@ -157,7 +160,16 @@ Node::~Node() {
     flight_mu_.AwaitWithTimeout(absl::Condition(&drained), options_.pull_timeout);
   }
   stopping_ = true;
-  // No request is served from here on (the engine may still hand some over).
+  // Receives still running end (they check between chunks), then no request is served from
+  // here on (the engine may still hand some over).
+  {
+    absl::MutexLock lock(&served_mu_);
+    for (auto& [key, served] : served_) {
+      absl::MutexLock l(&served->mu);
+      served->cancelled = true;
+    }
+  }
+  if (receive_queue_) receive_queue_->Stop();
   if (serve_queue_) serve_queue_->Stop();
   {
     absl::MutexLock lock(&mu_);

@@ -287,6 +287,20 @@ class Node {
   using Reply = std::function<void(std::string)>;
   void HandleMessage(std::string_view sender, std::string sealed, Reply reply);
 
+  // --- Distribution. ---
+  // Delivers the object version of `spec` from this node to every receiver of `spec`, in a
+  // chain: each receiver pulls it chunk by chunk from the one before it while serving what it
+  // has to the next, checks each chunk's CRC32C, routes around receivers that fail, and ends
+  // holding the version (a holder in the directory). Returns once every receiver has ended,
+  // each with its own status. kNotFound: no such object here, or no receiver. kInvalidArgument:
+  // a bad spec. kFailedPrecondition: this node has no URL (SetUrl), or, asked by label, no
+  // directory. kUnavailable: draining.
+  absl::StatusOr<DistributeResult> Distribute(const DistributeSpec& spec);
+  // How other nodes reach this one over HTTP (a distribution's receivers pull from it there).
+  // Set once, before the node serves.
+  void SetUrl(std::string url) { url_ = std::move(url); }
+  const std::string& url() const { return url_; }
+
   // --- Cluster. ---
   // Puts this node in the directory (NodeOptions::directory), reachable over HTTP at `url`,
   // with the latest version of each of its objects, and keeps it there until Drain or the
@@ -345,6 +359,8 @@ class Node {
   struct PullTarget;
   struct Session;
   struct ServedPull;
+  struct ServedCall;
+  struct Incoming;
   struct Prepared;
   struct Windows;
   struct RdmaPull;
@@ -495,6 +511,18 @@ class Node {
   void ServePull(const PeerAddress& from, uint64_t id, wire::PullRequest request,
                  std::function<void(absl::StatusOr<PullStats>)> done,
                  const Resolved* resolved = nullptr);
+  // What ServePull does once the pull is counted and known (kQuery): again, once the bytes of
+  // an object this node is receiving have landed. OK when done or waiting.
+  absl::Status ServePullNow(const std::shared_ptr<ServedCall>& call);
+  // Distribution (node_distribute.cc): the receive of `object` version `version` running
+  // here, if any, and the record its bytes are served from meanwhile.
+  std::shared_ptr<Incoming> FindIncoming(const std::string& object, uint64_t version);
+  std::shared_ptr<const metadata::ObjectRecord> IncomingRecord(const Incoming& in) const;
+  // Takes a coordinator's receive (answering kRunning, or kError) and runs it on a thread of
+  // receive_queue_; its end is kept for kQuery.
+  void ServeReceive(const PeerAddress& from, uint64_t request, wire::Receive r, Reply reply);
+  absl::StatusOr<wire::ReceiveStats> RunReceive(const wire::Receive& r, Incoming& in,
+                                                ServedPull& served, absl::Time deadline);
   // ServePull for a request of `from`, answered through `reply` (none for a copy of a request
   // being served).
   void ServePullRequest(const PeerAddress& from, uint64_t id, wire::PullRequest pull, Reply reply,
@@ -601,10 +629,18 @@ class Node {
   absl::Mutex credits_mu_;
   std::map<std::string, std::shared_ptr<Credits>> credits_ ABSL_GUARDED_BY(credits_mu_);
 
+  std::string url_;  // SetUrl
+  // Objects being received (distributions), by "name@version".
+  absl::Mutex incoming_mu_;
+  std::map<std::string, std::shared_ptr<Incoming>> incoming_ ABSL_GUARDED_BY(incoming_mu_);
+
+  // Tests: called once a distribution has its chunks' checksums (NodeTestPeer).
+  std::function<void()> after_checksums_for_testing_;
   // Tests: called as an rdma pull's transfer to `peer` is being submitted (NodeTestPeer).
   std::function<void(const PeerAddress& from, engine::PeerId peer)> before_submit_for_testing_;
 
-  // Last: its threads stop before what they use goes.
+  // Last: their threads stop before what they use goes. Receives run a thread each.
+  std::unique_ptr<WorkQueue> receive_queue_;
   std::unique_ptr<WorkQueue> serve_queue_;
 };
 

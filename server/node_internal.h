@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,50 @@ struct Node::Prepared {
   std::vector<uint64_t> regions;
   Windows windows;  // guarded by Node::mu_ once prepared
   std::atomic<int> running{0};
+};
+
+// A pull (or a receive) being served, by "sender/id": its transfer (rdma), to cancel it.
+struct Node::ServedPull {
+  absl::Mutex mu;
+  std::optional<engine::Transfer> transfer ABSL_GUARDED_BY(mu);
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+};
+
+// An object version this node is receiving in a distribution, chunk by chunk, into a buffer
+// of its own: pulls of its bytes that have landed are served while the rest comes.
+// Thread-safe.
+struct Node::Incoming {
+  std::string object;
+  uint64_t version = 0;
+  uint64_t size = 0;
+  uint64_t region = 0;  // the buffer, published as the version at the end
+  Device device;
+  // Called once: with true when bytes [0, end) have landed, false when they never will (the
+  // receive failed, or `deadline` passed first).
+  using Then = std::function<void(bool landed)>;
+  // Runs `then` at once when [0, end) has landed (or the receive failed), else when it does.
+  void WhenLanded(uint64_t end, absl::Time deadline, Then then);
+  // Bytes [0, end) are in: waiters they cover go. Returns at once.
+  void Landed(uint64_t end);
+  // The receive is over (failed, or published: the catalog has it then): every waiter goes.
+  void End(bool published);
+  // Waiters whose deadline passed get false.
+  void Expire(absl::Time now);
+  uint64_t landed() {
+    absl::MutexLock lock(&mu);
+    return landed_;
+  }
+
+ private:
+  struct Wait {
+    uint64_t end;
+    absl::Time deadline;
+    Then then;
+  };
+  absl::Mutex mu;
+  uint64_t landed_ ABSL_GUARDED_BY(mu) = 0;
+  std::optional<bool> ended_ ABSL_GUARDED_BY(mu);  // published or not
+  std::vector<Wait> waits_ ABSL_GUARDED_BY(mu);
 };
 
 // One answer another thread waits for.

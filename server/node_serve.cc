@@ -54,11 +54,15 @@ struct Node::RdmaPull {
   std::function<void(absl::StatusOr<PullStats>)> finish;
 };
 
-// A pull being served, by "sender/id": its transfer (rdma), to cancel it.
-struct Node::ServedPull {
-  absl::Mutex mu;
-  std::optional<engine::Transfer> transfer ABSL_GUARDED_BY(mu);
-  bool cancelled ABSL_GUARDED_BY(mu) = false;
+// A pull being served, as ServePullNow takes it up (again, after a wait for its bytes).
+struct Node::ServedCall {
+  PeerAddress from;
+  uint64_t id = 0;
+  wire::PullRequest req;
+  std::shared_ptr<ServedPull> served;
+  std::function<void(absl::StatusOr<PullStats>)> finish;
+  absl::Time deadline;
+  std::optional<Resolved> resolved;
 };
 
 namespace {
@@ -168,6 +172,7 @@ void Node::OnControl(std::string_view sender, std::string_view payload) {
     case wire::MessageType::kHelloAnswer:
     case wire::MessageType::kRunning:
     case wire::MessageType::kUnknownRequest:
+    case wire::MessageType::kReceiveDone:
       return Complete(envelope->id, *std::move(envelope));
     case wire::MessageType::kCredit:  // cheap, and the source waits for it
       return Serve(*std::move(envelope), nullptr);
@@ -249,6 +254,12 @@ void Node::Serve(wire::Envelope request, Reply reply) {
         ServePullRequest(request.from, item_id, std::move(pull), reply, nullptr);
       }
       return;
+    }
+    case wire::MessageType::kReceive: {
+      wire::Receive r;
+      absl::Status s = wire::Decode(request.body, &r, options_.max_extents);
+      if (!s.ok()) return fail(s);
+      return ServeReceive(request.from, id, std::move(r), std::move(reply));
     }
     case wire::MessageType::kCancel: {
       uint64_t target = 0;
@@ -385,13 +396,16 @@ absl::StatusOr<engine::PeerId> Node::PeerFor(const PeerAddress& from, absl::Time
 }
 
 absl::StatusOr<ObjectInfo> Node::ServeStat(const wire::StatRequest& request) {
-  ASSIGN_OR_RETURN(
-      auto record,
-      catalog_->Get(request.object,
-                    request.version == 0 ? std::nullopt : std::optional(request.version)));
-  ASSIGN_OR_RETURN(std::vector<Extent> part, PartOf(record->extents, record->size, request.part));
+  auto record = catalog_->Get(request.object,
+                              request.version == 0 ? std::nullopt : std::optional(request.version));
+  if (absl::IsNotFound(record.status()) && request.version != 0) {
+    if (auto in = FindIncoming(request.object, request.version)) record = IncomingRecord(*in);
+  }
+  RETURN_IF_ERROR(record.status());
+  ASSIGN_OR_RETURN(std::vector<Extent> part,
+                   PartOf((*record)->extents, (*record)->size, request.part));
   absl::ReaderMutexLock lock(&mu_);
-  ObjectInfo info = View(*record, /*with_extents=*/false);
+  ObjectInfo info = View(**record, /*with_extents=*/false);
   info.size = Bytes(part);
   return info;
 }
@@ -470,67 +484,100 @@ void Node::ServePull(const PeerAddress& from, uint64_t id, wire::PullRequest req
                           : std::min(absl::Milliseconds(static_cast<int64_t>(
                                          std::min<uint64_t>(req.timeout_ms, uint64_t{1} << 40))),
                                      options_.max_pull_timeout);
-  const absl::Time deadline = absl::Now() + timeout;
-  auto run = [&]() -> absl::Status {
-    if (req.path > static_cast<uint8_t>(PullPath::kStaged)) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown path ", req.path));
+  auto call = std::make_shared<ServedCall>();
+  call->from = from;
+  call->id = id;
+  call->req = std::move(req);
+  call->served = std::move(served);
+  call->finish = std::move(finish);
+  call->deadline = absl::Now() + timeout;
+  if (resolved != nullptr) call->resolved = *resolved;
+  absl::Status s = ServePullNow(call);
+  if (!s.ok()) call->finish(s);
+}
+
+absl::Status Node::ServePullNow(const std::shared_ptr<ServedCall>& call) {
+  const PeerAddress& from = call->from;
+  wire::PullRequest& req = call->req;
+  const std::optional<Resolved>& resolved = call->resolved;
+  const auto& finish = call->finish;
+  if (req.path > static_cast<uint8_t>(PullPath::kStaged)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown path ", req.path));
+  }
+  const auto path = static_cast<PullPath>(req.path);
+  std::shared_ptr<const metadata::ObjectRecord> object;
+  if (resolved) {
+    object = resolved->object;
+  } else {
+    auto got =
+        catalog_->Get(req.object, req.version == 0 ? std::nullopt : std::optional(req.version));
+    std::shared_ptr<Incoming> in = absl::IsNotFound(got.status()) && req.version != 0
+                                       ? FindIncoming(req.object, req.version)
+                                       : nullptr;
+    if (in != nullptr) {
+      // Being received here (a distribution): served once its bytes have landed.
+      const uint64_t end = req.part.has_range ? req.part.offset + req.part.length : in->size;
+      if (in->landed() < end) {
+        in->WhenLanded(end, call->deadline, [this, call](bool landed) {
+          const bool queued = serve_queue_->Run([this, call, landed] {
+            absl::Status s =
+                landed ? ServePullNow(call)
+                       : absl::UnavailableError(absl::StrCat("the bytes of '", call->req.object,
+                                                             "' did not arrive here in time"));
+            if (!s.ok()) call->finish(s);
+          });
+          if (!queued) call->finish(absl::UnavailableError("this node is stopping"));
+        });
+        return absl::OkStatus();
+      }
+      got = IncomingRecord(*in);
     }
-    const auto path = static_cast<PullPath>(req.path);
-    std::shared_ptr<const metadata::ObjectRecord> object;
-    if (resolved != nullptr) {
-      object = resolved->object;
-    } else {
-      ASSIGN_OR_RETURN(
-          object,
-          catalog_->Get(req.object, req.version == 0 ? std::nullopt : std::optional(req.version)));
-    }
-    ASSIGN_OR_RETURN(std::vector<Extent> source, PartOf(object->extents, object->size, req.part));
-    const uint64_t size = Bytes(source);
-    if (resolved == nullptr) {  // else SubmitRdma checks it (without waiting for mu_)
-      absl::ReaderMutexLock lock(&mu_);
-      if (!Attached(*object)) return Detached(req.object);
-    }
-    auto stats_of = [object](PullStats s) {
-      s.object = object->name;
-      s.version = object->version;
-      return s;
-    };
-    if (path == PullPath::kCudaIpc) {
-      ASSIGN_OR_RETURN(PullTarget target, ResolveTarget(from.node, req, size));
-      ASSIGN_OR_RETURN(PullStats s, ServeIpc(*object, source, target));
-      finish(stats_of(std::move(s)));
-      return absl::OkStatus();
-    }
-    engine::PeerId peer = 0;
-    if (resolved != nullptr) {
-      peer = resolved->peer;
-    } else {
-      ASSIGN_OR_RETURN(peer, PeerFor(from, deadline));
-    }
-    if (path == PullPath::kStaged) {
-      if (!req.staged) return absl::InvalidArgumentError("the staged path needs a staging ring");
-      auto s = ServeStaged(*object, source, peer, req.staging, deadline);
-      if (absl::IsUnavailable(s.status())) ForgetPeer(from.node, peer);
-      RETURN_IF_ERROR(s.status());
-      finish(stats_of(*std::move(s)));
-      return absl::OkStatus();
-    }
-    auto rdma = std::make_shared<RdmaPull>();
-    rdma->id = id;
-    rdma->from = from;
-    rdma->object = object;
-    rdma->source = std::move(source);
-    rdma->size = size;
-    rdma->deadline = deadline;
-    rdma->served = served;
-    rdma->finish = [finish, stats_of](absl::StatusOr<PullStats> r) {
-      finish(r.ok() ? absl::StatusOr<PullStats>(stats_of(*std::move(r))) : r.status());
-    };
-    rdma->request = std::move(req);
-    return SubmitRdma(rdma, peer);
+    ASSIGN_OR_RETURN(object, got);
+  }
+  ASSIGN_OR_RETURN(std::vector<Extent> source, PartOf(object->extents, object->size, req.part));
+  const uint64_t size = Bytes(source);
+  if (!resolved) {  // else SubmitRdma checks it (without waiting for mu_)
+    absl::ReaderMutexLock lock(&mu_);
+    if (!Attached(*object)) return Detached(req.object);
+  }
+  auto stats_of = [object](PullStats s) {
+    s.object = object->name;
+    s.version = object->version;
+    return s;
   };
-  absl::Status s = run();
-  if (!s.ok()) finish(s);
+  if (path == PullPath::kCudaIpc) {
+    ASSIGN_OR_RETURN(PullTarget target, ResolveTarget(from.node, req, size));
+    ASSIGN_OR_RETURN(PullStats s, ServeIpc(*object, source, target));
+    finish(stats_of(std::move(s)));
+    return absl::OkStatus();
+  }
+  engine::PeerId peer = 0;
+  if (resolved) {
+    peer = resolved->peer;
+  } else {
+    ASSIGN_OR_RETURN(peer, PeerFor(from, call->deadline));
+  }
+  if (path == PullPath::kStaged) {
+    if (!req.staged) return absl::InvalidArgumentError("the staged path needs a staging ring");
+    auto s = ServeStaged(*object, source, peer, req.staging, call->deadline);
+    if (absl::IsUnavailable(s.status())) ForgetPeer(from.node, peer);
+    RETURN_IF_ERROR(s.status());
+    finish(stats_of(*std::move(s)));
+    return absl::OkStatus();
+  }
+  auto rdma = std::make_shared<RdmaPull>();
+  rdma->id = call->id;
+  rdma->from = from;
+  rdma->object = object;
+  rdma->source = std::move(source);
+  rdma->size = size;
+  rdma->deadline = call->deadline;
+  rdma->served = call->served;
+  rdma->finish = [finish, stats_of](absl::StatusOr<PullStats> r) {
+    finish(r.ok() ? absl::StatusOr<PullStats>(stats_of(*std::move(r))) : r.status());
+  };
+  rdma->request = std::move(req);
+  return SubmitRdma(rdma, peer);
 }
 
 absl::Status Node::SourceOfLocked(RdmaPull& rdma, engine::TransferRequest& t) {

@@ -35,6 +35,10 @@ class NodeTestPeer {
                            std::function<void(const PeerAddress&, engine::PeerId)> hook) {
     node.before_submit_for_testing_ = std::move(hook);
   }
+  // `hook` runs after a distribution has taken its chunks' checksums.
+  static void AfterChecksums(Node& node, std::function<void()> hook) {
+    node.after_checksums_for_testing_ = std::move(hook);
+  }
   // Runs `f` holding the node's lock on its regions (as deleting a region does).
   static void HoldLock(Node& node, const std::function<void()>& f) {
     absl::MutexLock lock(&node.mu_);
@@ -484,6 +488,7 @@ class WiredNodeTest : public ::testing::Test {
     const int port = w->http.Bind("127.0.0.1", 0);
     if (port < 0) return absl::UnavailableError("cannot listen");
     w->url = absl::StrCat("http://127.0.0.1:", port);
+    w->node->SetUrl(w->url);
     w->serving = std::thread([h = &w->http] { h->listen_after_bind(); });
     return w;
   }
@@ -532,6 +537,151 @@ TEST_F(WiredNodeTest, AProgressThreadServingAPullNeverWaitsForTheNodesLock) {
   EXPECT_TRUE(here);
   EXPECT_EQ(s->bytes, 8192u);
   EXPECT_EQ(dst, src);
+}
+
+// A's object distributed to receivers B, C, D, E in a chain.
+class DistributeTest : public WiredNodeTest {
+ protected:
+  void SetUp() override {
+    WiredNodeTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    for (const char* name : {"c", "d", "e"}) {
+      ASSERT_OK_AND_ASSIGN(auto w, Open(name));
+      more_.push_back(std::move(w));
+    }
+    src_ = Pattern(kSize, 21);
+    ASSERT_OK_AND_ASSIGN(RegionInfo r,
+                         a_->node->RegisterRegion(src_.data(), src_.size(), Device::Host()));
+    // The object's pieces in another order than its buffer's.
+    Layout layout;
+    for (uint64_t off = kSize; off > 0; off -= kSize / 4)
+      layout.Add({r.id, off - kSize / 4, kSize / 4});
+    ASSERT_OK(a_->node->Publish("w", layout).status());
+  }
+  void TearDown() override {
+    more_.clear();
+    WiredNodeTest::TearDown();
+  }
+  std::vector<std::string> Receivers() {
+    std::vector<std::string> out = {b_->url};
+    for (const auto& w : more_) out.push_back(w->url);
+    return out;
+  }
+  std::vector<Node*> ReceiverNodes() {
+    std::vector<Node*> out = {b_->node.get()};
+    for (const auto& w : more_) out.push_back(w->node.get());
+    return out;
+  }
+  // The object's bytes as A has them.
+  std::string Expected() {
+    std::string out;
+    for (uint64_t off = kSize; off > 0; off -= kSize / 4) {
+      out.append(src_.data() + off - kSize / 4, kSize / 4);
+    }
+    return out;
+  }
+  // What `node` holds as "w": its bytes, or why not.
+  absl::StatusOr<std::string> Held(Node& node) {
+    ASSIGN_OR_RETURN(ObjectInfo info, node.Describe("w"));
+    std::string out(info.size, '\0');
+    RETURN_IF_ERROR(node.ReadData(info, 0, info.size, out.data()));
+    return out;
+  }
+  static constexpr uint64_t kSize = 8 << 20;
+  std::vector<std::unique_ptr<Wired>> more_;
+  std::vector<char> src_;
+};
+
+TEST_F(DistributeTest, EveryReceiverGetsTheVersionByteForByteThroughTheChain) {
+  DistributeSpec spec;
+  spec.object = "w";
+  spec.to = Receivers();
+  spec.chunk_bytes = 512 << 10;
+  ASSERT_OK_AND_ASSIGN(DistributeResult r, a_->node->Distribute(spec));
+  EXPECT_EQ(r.version, 1u);
+  EXPECT_EQ(r.size, kSize);
+  EXPECT_EQ(r.chunks, 16u);
+  ASSERT_EQ(r.receivers.size(), 4u);
+  const std::string expected = Expected();
+  for (size_t i = 0; i < r.receivers.size(); ++i) {
+    SCOPED_TRACE(r.receivers[i].url);
+    EXPECT_OK(r.receivers[i].status);
+    EXPECT_EQ(r.receivers[i].bytes, kSize);
+    EXPECT_THAT(r.receivers[i].skipped, ::testing::IsEmpty());
+    Node& n = *ReceiverNodes()[i];
+    ASSERT_OK_AND_ASSIGN(std::string held, Held(n));
+    EXPECT_TRUE(held == expected);
+    ASSERT_OK_AND_ASSIGN(ObjectInfo info, n.Describe("w"));
+    EXPECT_EQ(info.version, 1u);  // the source's version, a replica of it
+  }
+  // Again: every receiver holds it already.
+  ASSERT_OK_AND_ASSIGN(DistributeResult again, a_->node->Distribute(spec));
+  for (const ReceiverResult& rr : again.receivers) {
+    EXPECT_OK(rr.status);
+    EXPECT_TRUE(rr.held_already);
+  }
+}
+
+TEST_F(DistributeTest, AReceiverThatCannotBeReachedIsRoutedAround) {
+  DistributeSpec spec;
+  spec.object = "w";
+  // Nothing listens at port 1: C's place in the chain is empty.
+  spec.to = {b_->url, "http://127.0.0.1:1", more_[0]->url, more_[1]->url};
+  spec.chunk_bytes = 1 << 20;
+  ASSERT_OK_AND_ASSIGN(DistributeResult r, a_->node->Distribute(spec));
+  ASSERT_EQ(r.receivers.size(), 4u);
+  EXPECT_THAT(r.receivers[1].status, StatusIs(absl::StatusCode::kUnavailable));
+  const std::string expected = Expected();
+  for (size_t i : {size_t{0}, size_t{2}, size_t{3}}) {
+    SCOPED_TRACE(r.receivers[i].url);
+    EXPECT_OK(r.receivers[i].status);
+  }
+  // The receiver after the gap took its chunks from the one before it.
+  ASSERT_EQ(r.receivers[2].skipped.size(), 1u);
+  EXPECT_THAT(r.receivers[2].skipped[0], HasSubstr("127.0.0.1:1"));
+  EXPECT_THAT(r.receivers[3].skipped, ::testing::IsEmpty());
+  for (Node* n : {b_->node.get(), more_[0]->node.get(), more_[1]->node.get()}) {
+    ASSERT_OK_AND_ASSIGN(std::string held, Held(*n));
+    EXPECT_TRUE(held == expected);
+  }
+}
+
+TEST_F(DistributeTest, AChunkThatDoesNotMatchItsChecksumIsNeitherServedNorKept) {
+  // A's bytes change after the checksums were taken (its memory is the caller's): the first
+  // receiver finds chunk 0 wrong, has nowhere else to take it from, and fails; so does every
+  // receiver after it, which never gets the chunk.
+  NodeTestPeer::AfterChecksums(*a_->node, [this] { src_[kSize - 1] ^= 1; });
+  DistributeSpec spec;
+  spec.object = "w";
+  spec.to = {b_->url, more_[0]->url};
+  spec.chunk_bytes = 1 << 20;
+  ASSERT_OK_AND_ASSIGN(DistributeResult r, a_->node->Distribute(spec));
+  NodeTestPeer::AfterChecksums(*a_->node, nullptr);
+  ASSERT_EQ(r.receivers.size(), 2u);
+  EXPECT_THAT(r.receivers[0].status, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("CRC32C")));
+  EXPECT_THAT(r.receivers[1].status, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(b_->node->Describe("w"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(more_[0]->node->Describe("w"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(DistributeTest, BadSpecsAreRefused) {
+  DistributeSpec spec;
+  spec.object = "w";
+  EXPECT_THAT(a_->node->Distribute(spec), StatusIs(absl::StatusCode::kInvalidArgument));
+  spec.to = {b_->url, b_->url};
+  EXPECT_THAT(a_->node->Distribute(spec), StatusIs(absl::StatusCode::kInvalidArgument));
+  spec.to = {a_->url};
+  EXPECT_THAT(a_->node->Distribute(spec), StatusIs(absl::StatusCode::kInvalidArgument));
+  spec.to = {"ftp://x"};
+  EXPECT_THAT(a_->node->Distribute(spec), StatusIs(absl::StatusCode::kInvalidArgument));
+  spec.to = {b_->url};
+  spec.object = "nope";
+  EXPECT_THAT(a_->node->Distribute(spec), StatusIs(absl::StatusCode::kNotFound));
+  spec.object = "w";
+  spec.labels = {{"zone", "a"}};
+  EXPECT_THAT(a_->node->Distribute(spec), StatusIs(absl::StatusCode::kInvalidArgument));
+  spec.to.clear();
+  EXPECT_THAT(a_->node->Distribute(spec), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 class SealedNodeTest : public NodeTest {
