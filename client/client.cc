@@ -198,6 +198,13 @@ absl::StatusOr<PullStats> Client::Pull(const std::string& name, const std::strin
   return Pull(spec);
 }
 
+absl::StatusOr<DistributeResult> Client::Distribute(const DistributeSpec& spec) {
+  ASSIGN_OR_RETURN(
+      auto j, JsonBody(impl_->http.Post("/v1/distribute", ToJson(spec).dump(), "application/json"),
+                       impl_->url));
+  return DistributeResultFromJson(j);
+}
+
 absl::StatusOr<std::vector<ClusterNode>> Client::Cluster() {
   ASSIGN_OR_RETURN(auto j, JsonBody(impl_->http.Get("/v1/cluster"), impl_->url));
   std::vector<ClusterNode> out;

@@ -321,6 +321,19 @@ int ferry_client_list(ferry_client* c, const char* prefix, size_t limit, char** 
   });
 }
 
+int ferry_client_distribute(ferry_client* c, const char* spec, char** result) {
+  return Call([&]() -> absl::Status {
+    RETURN_IF_ERROR(Required(c, "client"));
+    RETURN_IF_ERROR(Required(spec, "spec"));
+    RETURN_IF_ERROR(Required(result, "result"));
+    ASSIGN_OR_RETURN(nlohmann::json j, ferry::ParseRequestBody(spec, /*with_extents=*/false));
+    ASSIGN_OR_RETURN(ferry::DistributeSpec s, ferry::DistributeSpecFromJson(j));
+    ASSIGN_OR_RETURN(ferry::DistributeResult r, c->client->Distribute(s));
+    *result = ferry::Dup(ferry::ToJson(r).dump());
+    return absl::OkStatus();
+  });
+}
+
 int ferry_client_remove(ferry_client* c, const char* name) {
   return Call([&]() -> absl::Status {
     RETURN_IF_ERROR(Required(c, "client"));

@@ -11,6 +11,8 @@
 #include <string_view>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/input_file.h"
 #include "engine/engine.h"
@@ -123,6 +125,21 @@ int main(int argc, char** argv) {
   pull->add_option("--path", path, "auto, rdma, cuda_ipc or staged")->capture_default_str();
   auto* cluster =
       app.add_subcommand("cluster", "the nodes of the node's directory, and what they hold");
+  std::vector<std::string> receivers, labels;
+  bool all = false, no_checksum = false;
+  uint64_t chunk = 0;
+  auto* distribute = app.add_subcommand(
+      "distribute",
+      "make node --node deliver NAME to many nodes at once, in a chain (POST /v1/distribute)");
+  distribute->add_option("NAME", name)->required();
+  distribute->add_option("--to", receivers, "receivers' URLs, in chain order")->delimiter(',');
+  distribute->add_option("--label", labels,
+                         "KEY=VALUE: the directory's nodes with this label (repeatable)");
+  distribute->add_flag("--all", all, "every other node of the directory");
+  distribute->add_option("--chunk", chunk, "bytes per chunk (default: a 64th, 1-64 MiB)");
+  distribute->add_flag("--no-checksum", no_checksum, "no CRC32C per chunk");
+  distribute->add_option("--device", device, "where receivers put it: host or cuda:N")
+      ->capture_default_str();
   auto* health = app.add_subcommand("health", "exit 0 when the node answers and is not draining");
   auto* drain = app.add_subcommand(
       "drain", "make the node refuse new work, finish its pulls and stop (POST /v1/drain)");
@@ -211,6 +228,38 @@ int main(int argc, char** argv) {
                 r->seconds > 0 ? static_cast<double>(r->bytes) * 8 / r->seconds / 1e9 : 0.0);
     if (!r->source.empty()) std::printf("from %s\n", r->source.c_str());
     for (const std::string& t : r->tried) std::printf("tried first: %s\n", t.c_str());
+  } else if (*distribute) {
+    ferry::DistributeSpec spec;
+    spec.object = name;
+    spec.to = receivers;
+    spec.all = all;
+    spec.chunk_bytes = chunk;
+    spec.checksum = !no_checksum;
+    spec.device = device;
+    for (const std::string& l : labels) {
+      const size_t eq = l.find('=');
+      if (eq == std::string::npos) return Fail(absl::InvalidArgumentError("--label KEY=VALUE"));
+      spec.labels[l.substr(0, eq)] = l.substr(eq + 1);
+    }
+    auto r = c.Distribute(spec);
+    if (!r.ok()) return Fail(r.status());
+    std::printf("%s version %llu, %llu bytes in %llu chunks, to %zu node(s) in %.3f s\n",
+                r->object.c_str(), static_cast<unsigned long long>(r->version),
+                static_cast<unsigned long long>(r->size),
+                static_cast<unsigned long long>(r->chunks), r->receivers.size(), r->seconds);
+    int failed = 0;
+    for (const ferry::ReceiverResult& rr : r->receivers) {
+      failed += !rr.status.ok();
+      std::printf(
+          "  %-28s %s %.3f s%s\n", rr.url.c_str(),
+          rr.status.ok() ? (rr.held_already ? "held it already" : "ok")
+                         : rr.status.ToString().c_str(),
+          rr.seconds,
+          rr.skipped.empty()
+              ? ""
+              : absl::StrCat(", upstreams skipped: ", absl::StrJoin(rr.skipped, "; ")).c_str());
+    }
+    if (failed > 0) return 1;
   } else if (*cluster) {
     auto r = c.Cluster();
     if (!r.ok()) return Fail(r.status());

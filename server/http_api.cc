@@ -213,8 +213,8 @@ bool Authorized(const HttpOptions& options, const httplib::Request& req) {
 // The route a request took, as a metric label: the path with its names and ids left out.
 std::string RouteOf(const std::string& path) {
   static constexpr std::string_view kFixed[] = {
-      "/v1/health",       "/v1/node", "/v1/regions", "/v1/objects", "/v1/pulls",
-      "/v1/destinations", "/v1/peer", "/v1/drain",   "/v1/cluster", "/metrics"};
+      "/v1/health", "/v1/node",  "/v1/regions", "/v1/objects",    "/v1/pulls", "/v1/destinations",
+      "/v1/peer",   "/v1/drain", "/v1/cluster", "/v1/distribute", "/metrics"};
   for (std::string_view r : kFixed) {
     if (path == r) return std::string(r);
   }
@@ -649,6 +649,18 @@ void InstallRoutes(HttpServer& server, Node& node, const HttpOptions& options) {
   server.Post("/v1/pulls",
               Guarded(options, Whole([&node](const httplib::Request& req, httplib::Response& res) {
                         PullsRoute(node, req, res);
+                      })));
+  // One object version to many nodes in a chain (docs/cluster.md): the answer says how each
+  // receiver did.
+  server.Post("/v1/distribute",
+              Guarded(options, Whole([&node](const httplib::Request& req, httplib::Response& res) {
+                        auto body = ParseBody(req);
+                        if (!body.ok()) return WriteError(res, body.status());
+                        auto spec = DistributeSpecFromJson(*body);
+                        if (!spec.ok()) return WriteError(res, spec.status());
+                        auto result = node.Distribute(*spec);
+                        if (!result.ok()) return WriteError(res, result.status());
+                        WriteJson(res, ToJson(*result));
                       })));
   // Prepared destinations: POST {"extents": layout} -> {"handle": H}; DELETE /v1/destinations/H.
   server.Post("/v1/destinations",

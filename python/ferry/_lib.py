@@ -81,6 +81,7 @@ _SIG = {
     "ferry_client_get_file": (_I, [_P, _S, _U64, _S]),
     "ferry_client_stat": (_I, [_P, _S, _U64, _I, ctypes.POINTER(_P)]),
     "ferry_client_list": (_I, [_P, _S, ctypes.c_size_t, ctypes.POINTER(_P)]),
+    "ferry_client_distribute": (_I, [_P, _S, ctypes.POINTER(_P)]),
     "ferry_client_remove": (_I, [_P, _S]),
     "ferry_client_publish": (_I, [_P, _S, ctypes.POINTER(CLayout), _I, _I, _S, ctypes.POINTER(_P)]),
     "ferry_client_pull": (_I, [_P, ctypes.POINTER(PullSpec), ctypes.POINTER(PullStats)]),

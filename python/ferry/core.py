@@ -198,6 +198,30 @@ class Client:
         return PullStats.of(out)
 
 
+    def distribute(self, name: str, to: list[str] | None = None, *,
+                   labels: dict[str, str] | None = None, all: bool = False,
+                   version: int | None = None, chunk_bytes: int | None = None,
+                   checksum: bool = True, device: str = "host", durable: bool = True,
+                   timeout_ms: int | None = None) -> dict:
+        """Makes this client's node deliver `name` to many nodes at once, in a chain: the
+        receivers `to` (URLs, in chain order), or the directory's nodes with `labels`, or `all`
+        of them. Returns the answer of POST /v1/distribute: each receiver's outcome under
+        "receivers" (a receiver that failed does not raise; one that could not start does)."""
+        spec: dict[str, Any] = {"object": name, "checksum": checksum, "device": device,
+                                "durable": durable}
+        if to is not None:
+            spec["to"] = list(to)
+        if labels:
+            spec["labels"] = dict(labels)
+        if all:
+            spec["all"] = True
+        for key, value in (("version", version), ("chunk_bytes", chunk_bytes),
+                           ("timeout_ms", timeout_ms)):
+            if value is not None:
+                spec[key] = value
+        return _json_out(lib.ferry_client_distribute, self._h, _enc(json.dumps(spec)))
+
+
 class Region:
     """Memory registered with a node. The node keeps the memory's owner alive until unregister."""
 

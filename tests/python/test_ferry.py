@@ -141,6 +141,28 @@ def test_client_asks_its_node_to_pull(ferryd, tmp_path):
         assert other.stop() == 0
 
 
+def test_client_distributes_an_object_to_many_nodes(ferryd, tmp_path):
+    others = [helpers.start_ferryd(tmp_path / f"r{i}") for i in range(3)]
+    try:
+        data = pattern(3 * 1024 * 1024 + 7, seed=4).tobytes()
+        with ferry.Client(ferryd.url) as a:
+            a.put("w", data)
+            r = a.distribute("w", [o.url for o in others], chunk_bytes=1 << 20)
+            assert (r["version"], r["size"], r["chunks"]) == (1, len(data), 4)
+            assert [x["ok"] for x in r["receivers"]] == [True, True, True]
+            for o in others:
+                with ferry.Client(o.url) as b:
+                    assert b.get("w") == data
+                    assert b.stat("w")["version"] == 1
+            with pytest.raises(ferry.InvalidArgument):
+                a.distribute("w")  # no receivers named
+            with pytest.raises(ferry.NotFound):
+                a.distribute("absent", [others[0].url])
+    finally:
+        for o in others:
+            assert o.stop() == 0
+
+
 # ---- Node (embedded) ----
 
 def test_numpy_arrays_between_processes(node, array_peer):

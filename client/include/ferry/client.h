@@ -96,6 +96,10 @@ class Client {
   // The nodes of the node's directory and what they hold. kFailedPrecondition: the node has
   // no directory; kUnavailable: the directory cannot be reached.
   absl::StatusOr<std::vector<ClusterNode>> Cluster();
+  // Asks this client's node to deliver an object version it holds to many nodes at once: as
+  // Node::Distribute (node.h), over POST /v1/distribute. Each receiver's outcome is in the
+  // result; the call itself fails only when the distribution could not start.
+  absl::StatusOr<DistributeResult> Distribute(const DistributeSpec& spec);
 
  private:
   struct Impl;

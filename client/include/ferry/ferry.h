@@ -136,6 +136,9 @@ FERRY_API int ferry_client_stat(ferry_client* c, const char* name, uint64_t vers
 /* *list: a JSON array of descriptions. */
 FERRY_API int ferry_client_list(ferry_client* c, const char* prefix, size_t limit, char** list);
 FERRY_API int ferry_client_remove(ferry_client* c, const char* name);
+/* Asks the client's node to deliver an object version to many nodes at once: `spec` is the
+ * JSON body of POST /v1/distribute, *result its JSON answer (docs/http_api.md). */
+FERRY_API int ferry_client_distribute(ferry_client* c, const char* spec, char** result);
 FERRY_API int ferry_client_publish(ferry_client* c, const char* name, const ferry_layout* layout,
                                    int replace, int durable, const char* meta, char** info);
 /* Asks the client's node to pull as `spec` says. */
