@@ -25,6 +25,7 @@
 #include "engine/fabric.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
+#include "tests/bench/cluster_bench.h"
 #include "tests/bench/gpu_bench.h"
 #include "tests/bench/node_bench.h"
 #include "tests/bench/rails_bench.h"
@@ -615,6 +616,21 @@ int main(int argc, char** argv) {
   rails->add_flag("--json", rf.json, "one JSON object per row");
   rails->add_flag("--cut-source-rail", rf.cut_source_rail,
                   "after each row, the same pull with the source's rail 0 down halfway");
+  ferry::bench::ClusterFlags cf;
+  cf.ferryd = FERRYD_PATH;
+  CLI::App* cluster = app.add_subcommand(
+      "cluster",
+      "one object distributed to N nodes over 1 + N shaped namespaces vs one pull (needs root)");
+  cluster->add_option("--receivers", cf.receivers, "receiver counts, comma-separated")
+      ->delimiter(',');
+  cluster->add_option("--size", cf.size, "object bytes");
+  cluster->add_option("--rate-mbit", cf.rate_mbit, "each node's link, each way")
+      ->capture_default_str();
+  cluster->add_option("--chunk", cf.chunk, "bytes per chunk (0: the node's default)");
+  cluster->add_option("--checksum", cf.checksum, "CRC32C per chunk (true/false)")
+      ->capture_default_str();
+  cluster->add_option("--ferryd", cf.ferryd, "ferryd to start");
+  cluster->add_flag("--json", cf.json, "one JSON object per row");
 #ifdef FERRY_BENCH_GPU
   ferry::bench::GpuFlags gf;
   gf.ferryd = FERRYD_PATH;
@@ -647,6 +663,14 @@ int main(int argc, char** argv) {
     return ferry::bench::RunGpuBench(gf);
   }
 #endif
+  if (*cluster) {
+    if (cf.receivers.empty() || cf.size == 0 ||
+        *std::min_element(cf.receivers.begin(), cf.receivers.end()) == 0) {
+      std::cerr << "--receivers and --size must be positive\n";
+      return 2;
+    }
+    return ferry::bench::RunClusterBench(cf);
+  }
   if (*rails) {
     for (uint64_t p : rf.pieces) {
       if (p == 0 || rf.size % p != 0) {

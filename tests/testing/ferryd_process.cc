@@ -49,4 +49,13 @@ absl::StatusOr<FerrydProcess> StartFerrydIn(const std::vector<std::string>& pref
   return Launch(argv, host);
 }
 
+absl::StatusOr<FerrydProcess> StartFerrydAt(const std::vector<std::string>& prefix,
+                                            const std::string& address, const std::string& ferryd,
+                                            const std::vector<std::string>& args) {
+  std::vector<std::string> argv = prefix;
+  argv.insert(argv.end(), {ferryd, "--listen", address + ":0", "--insecure"});
+  argv.insert(argv.end(), args.begin(), args.end());
+  return Launch(argv, address);
+}
+
 }  // namespace ferry::testing

@@ -30,6 +30,12 @@ absl::StatusOr<FerrydProcess> StartFerrydIn(const std::vector<std::string>& pref
                                             const std::string& host, const std::string& ferryd,
                                             const std::vector<std::string>& args);
 
+// Starts ferryd through `prefix` listening on `address` (an address of its namespace: its
+// URL, the one other nodes reach it at, is http://ADDRESS:PORT), without a token.
+absl::StatusOr<FerrydProcess> StartFerrydAt(const std::vector<std::string>& prefix,
+                                            const std::string& address, const std::string& ferryd,
+                                            const std::vector<std::string>& args);
+
 }  // namespace ferry::testing
 
 #endif  // FERRY_TESTS_TESTING_FERRYD_PROCESS_H_
