@@ -350,6 +350,15 @@ void Node::ServeReceive(const PeerAddress& from, uint64_t request, wire::Receive
   }
   absl::StatusOr<Device> device = valid.ok() ? Device::Parse(r.device) : valid;
   if (!device.ok()) return refuse(device.status());
+  {
+    // The same receive again (it went over HTTP too when the fabric seemed not to carry it):
+    // the first answers.
+    absl::MutexLock lock(&served_mu_);
+    if (served_.contains(key) || ended_.contains(key)) {
+      if (reply) reply(std::string());
+      return;
+    }
+  }
   // Held already (a replica, or this node published it): done.
   if (auto mine = catalog_->Get(r.object); mine.ok() && (*mine)->version >= r.version) {
     wire::ReceiveStats stats;
@@ -365,32 +374,29 @@ void Node::ServeReceive(const PeerAddress& from, uint64_t request, wire::Receive
   in->device = *device;
   {
     absl::MutexLock lock(&incoming_mu_);
-    if (incoming_.contains(Key(r.object, r.version))) {
-      return refuse(absl::AlreadyExistsError(
-          absl::StrCat("'", r.object, "' version ", r.version, " is being received here")));
-    }
-  }
-  absl::StatusOr<RegionInfo> region = AllocateRegion(*device, r.size, /*for_object=*/true);
-  if (!region.ok()) return refuse(region.status());
-  in->region = region->id;
-  auto served = std::make_shared<ServedPull>();
-  {
-    absl::MutexLock lock(&incoming_mu_);
     if (!incoming_.emplace(Key(r.object, r.version), in).second) {
-      IgnoreError(DeleteRegion(in->region));
       return refuse(absl::AlreadyExistsError(
           absl::StrCat("'", r.object, "' version ", r.version, " is being received here")));
     }
   }
+  auto served = std::make_shared<ServedPull>();
   {
     absl::MutexLock lock(&served_mu_);
     served_[key] = served;
   }
   auto in_flight = std::make_shared<PullInFlight>(this);
+  // Answered at once: the buffer (which may take a while to allocate) comes on the job's thread.
   const bool queued = receive_queue_->Run([this, r = std::move(r), in, served, key, in_flight] {
     const absl::Time start = absl::Now();
     const absl::Time deadline = start + TimeoutOf(PullSpec{.timeout_ms = r.timeout_ms});
-    absl::StatusOr<wire::ReceiveStats> stats = RunReceive(r, *in, *served, deadline);
+    absl::StatusOr<wire::ReceiveStats> stats = absl::UnknownError("not run");
+    absl::StatusOr<RegionInfo> region = AllocateRegion(in->device, r.size, /*for_object=*/true);
+    if (region.ok()) {
+      in->region = region->id;
+      stats = RunReceive(r, *in, *served, deadline);
+    } else {
+      stats = region.status();
+    }
     if (stats.ok()) {
       stats->seconds = absl::ToDoubleSeconds(absl::Now() - start);
       // A replica of the version: the directory lists this node as a holder of it.
@@ -404,7 +410,7 @@ void Node::ServeReceive(const PeerAddress& from, uint64_t request, wire::Receive
       incoming_.erase(Key(r.object, r.version));
     }
     in->End(stats.ok());
-    if (!stats.ok()) {
+    if (!stats.ok() && region.ok()) {
       // Freed once the pulls of its chunks that downstream nodes still run let go of it.
       absl::MutexLock lock(&mu_);
       ReleaseLocked({in->region});
@@ -422,8 +428,15 @@ void Node::ServeReceive(const PeerAddress& from, uint64_t request, wire::Receive
     }
   });
   if (!queued) {
-    absl::MutexLock lock(&served_mu_);
-    served_.erase(key);
+    {
+      absl::MutexLock lock(&served_mu_);
+      served_.erase(key);
+    }
+    {
+      absl::MutexLock lock(&incoming_mu_);
+      incoming_.erase(Key(in->object, in->version));
+    }
+    in->End(false);
     return refuse(absl::UnavailableError("this node is stopping"));
   }
   answer(wire::MessageType::kRunning, "");

@@ -69,7 +69,9 @@ struct Node::Incoming {
   std::string object;
   uint64_t version = 0;
   uint64_t size = 0;
-  uint64_t region = 0;  // the buffer, published as the version at the end
+  // The buffer, published as the version at the end; 0 until the receive has allocated it
+  // (before any byte lands).
+  std::atomic<uint64_t> region{0};
   Device device;
   // Called once: with true when bytes [0, end) have landed, false when they never will (the
   // receive failed, or `deadline` passed first).
