@@ -118,18 +118,23 @@ int RunClusterBench(const ClusterFlags& f) {
     if (!r.ok() || r->is_discarded())
       return Fail(r.ok() ? absl::InternalError("bad answer") : r.status());
     uint64_t refetched = 0;
+    std::vector<double> ends;          // when each receiver had every chunk, in chain order
+    std::vector<std::string> skipped;  // upstreams given up on, and why
     for (const auto& rr : (*r)["receivers"]) {
       if (!rr.value("ok", false)) {
         return Fail(absl::InternalError(absl::StrCat("receiver ", rr.dump())));
       }
       refetched += rr.value("refetched_chunks", uint64_t{0});
+      ends.push_back(rr.value("seconds", 0.0));
+      for (const auto& s : rr.value("skipped", json::array())) skipped.push_back(s.dump());
     }
     const uint64_t chunks = (*r)["chunks"].get<uint64_t>();
     if (f.json) {
-      std::cout << json{{"bench", "distribute"},   {"receivers", n},
-                        {"bytes", f.size},         {"seconds", secs},
-                        {"one_pull_seconds", one}, {"ratio", secs / one},
-                        {"chunks", chunks},        {"refetched_chunks", refetched},
+      std::cout << json{{"bench", "distribute"},    {"receivers", n},
+                        {"bytes", f.size},          {"seconds", secs},
+                        {"one_pull_seconds", one},  {"ratio", secs / one},
+                        {"chunks", chunks},         {"refetched_chunks", refetched},
+                        {"receiver_seconds", ends}, {"skipped", skipped},
                         {"rate_mbit", f.rate_mbit}}
                        .dump()
                 << std::endl;
@@ -138,6 +143,11 @@ int RunClusterBench(const ClusterFlags& f) {
                   static_cast<unsigned long long>(f.size), secs, one, secs / one,
                   static_cast<unsigned long long>(chunks),
                   static_cast<unsigned long long>(refetched));
+      std::printf("#   receivers done at (s):");
+      for (double e : ends) std::printf(" %.2f", e);
+      std::printf("\n");
+      for (const std::string& why : skipped)
+        std::printf("#   skipped an upstream: %s\n", why.c_str());
       std::fflush(stdout);
     }
     for (size_t i = 1; i <= n; ++i) drop(i);
