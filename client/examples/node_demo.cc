@@ -1,9 +1,10 @@
-// ferry-demo: the main job on one machine. Starts four ferryd (own data dirs, embedded
+// ferry-demo: the main job on one machine. Starts five ferryd (own data dirs, embedded
 // RocksDB) on loopback, D keeping the cluster's directory and the others joining it; uploads
 // bytes to node A and publishes a non-contiguous object over them, makes node B pull it from A
-// over RDMA WRITEs (libfabric tcp provider) and C pull it by name from a holder the directory
-// names; kills A and has D pull it by name from a replica; reads every copy back over REST,
-// checks every byte, prints what happened and how fast, and stops the nodes.
+// over RDMA WRITEs (libfabric tcp provider), then A distribute it to every other node of the
+// directory at once, in a chain; kills A and has E, which deleted its copy, pull it by name
+// from a replica; reads every copy back over REST, checks every byte, prints what happened and
+// how fast, and stops the nodes.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <ostream>
 #include <random>
@@ -202,8 +204,8 @@ int main(int argc, char** argv) {
   size_t rails = 4;
   std::string ferryd;
   CLI::App app{
-      "ferry demo: four ferryd on loopback with a directory; a non-contiguous object pulled from "
-      "A, then by name"};
+      "ferry demo: five ferryd on loopback with a directory; a non-contiguous object pulled from "
+      "A, distributed to every node, then pulled by name"};
   app.add_option("--size", size, "object bytes")->capture_default_str();
   app.add_option("--piece", piece, "bytes per extent of the object's layout")
       ->capture_default_str();
@@ -231,26 +233,33 @@ int main(int argc, char** argv) {
   }
   const std::unique_ptr<Ferryd> d = *std::move(started_d);
   const std::vector<std::string> join = {"--directory", d->url, "--directory-ttl-s", "2"};
-  std::unique_ptr<Ferryd> started[3];
-  for (int i = 0; i < 3; ++i) {
-    auto n = Ferryd::Start(ferryd, (dir / std::string(1, static_cast<char>('a' + i))).string(),
-                           rails, join);
+  std::unique_ptr<Ferryd> started[4];
+  const char* const joiners[] = {"a", "b", "c", "e"};
+  for (int i = 0; i < 4; ++i) {
+    auto n = Ferryd::Start(ferryd, (dir / joiners[i]).string(), rails, join);
     if (!n.ok()) {
       std::fprintf(stderr, "cannot start ferryd: %s\n", n.status().ToString().c_str());
       return 1;
     }
     started[i] = *std::move(n);
   }
-  const std::unique_ptr<Ferryd>&a = started[0], &b = started[1], &c = started[2];
+  const std::unique_ptr<Ferryd>&a = started[0], &b = started[1], &c = started[2], &e = started[3];
+  const std::map<std::string, std::string> names = {
+      {a->url, "A"}, {b->url, "B"}, {c->url, "C"}, {d->url, "D"}, {e->url, "E"}};
+  auto name_of = [&names](const std::string& url) {
+    auto it = names.find(url);
+    return it == names.end() ? url : it->second;
+  };
   std::printf(
-      "node A %s at %s, node B %s at %s, node C %s at %s, node D %s at %s keeping the "
-      "directory (%zu tcp rails each, RocksDB catalogs in %s)\n",
-      a->id.c_str(), a->url.c_str(), b->id.c_str(), b->url.c_str(), c->id.c_str(), c->url.c_str(),
-      d->id.c_str(), d->url.c_str(), rails, dir.c_str());
+      "nodes A %s, B %s, C %s, E %s and D %s keeping the directory, on loopback (%zu tcp rails "
+      "each, RocksDB catalogs in %s)\n",
+      a->url.c_str(), b->url.c_str(), c->url.c_str(), e->url.c_str(), d->url.c_str(), rails,
+      dir.c_str());
   auto ca = ferry::Client::Connect(a->url);
   auto cb = ferry::Client::Connect(b->url);
   auto cc = ferry::Client::Connect(c->url);
   auto cd = ferry::Client::Connect(d->url);
+  auto ce = ferry::Client::Connect(e->url);
   int rc = 1;
   bool a_alive = true;
   do {
@@ -284,21 +293,16 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(piece));
     std::string want;
     want.reserve(size);
-    for (const ferry::Extent& e : layout) want.append(bytes, e.offset, e.length);
-    // B pulls it from A (twice: the first pull of a fresh buffer is the cold one).
-    bool pulled_ok = true;
-    for (int i = 1; i <= 2 && pulled_ok; ++i) {
-      t = absl::Now();
-      auto pulled = (*cb)->Pull("demo/kv-pages", a->url, "", i > 1);
-      const double wall = absl::ToDoubleSeconds(absl::Now() - t);
-      if (!pulled.ok()) {
-        std::fprintf(stderr, "pull: %s\n", pulled.status().ToString().c_str());
-        pulled_ok = false;
-        break;
-      }
-      PrintPull("B", i == 1 ? "pull 1 from A" : "pull 2 from A", *pulled, wall);
+    for (const ferry::Extent& x : layout) want.append(bytes, x.offset, x.length);
+    // One pull: B from A, into a new buffer.
+    t = absl::Now();
+    auto pulled = (*cb)->Pull("demo/kv-pages", a->url);
+    const double one_pull = absl::ToDoubleSeconds(absl::Now() - t);
+    if (!pulled.ok()) {
+      std::fprintf(stderr, "pull: %s\n", pulled.status().ToString().c_str());
+      break;
     }
-    if (!pulled_ok) break;
+    PrintPull("B", "pull from A", *pulled, one_pull);
     auto read = ReadBack(**cb, "demo/kv-pages", want);
     if (!read.ok()) {
       std::printf("B: VERIFY FAILED: %s\n", read.status().ToString().c_str());
@@ -308,71 +312,97 @@ int main(int argc, char** argv) {
         "B: read back %zu bytes over REST in %.2f s; verified: every byte matches A's layout\n",
         want.size(), *read);
 
-    // The cluster: C pulls by name (A and B hold it); A dies; D pulls by name from a replica.
+    // The cluster: A delivers it to every other node of the directory at once, in a chain (B
+    // holds it already); each copy is checked.
     if (!AwaitCluster(**cd, absl::Seconds(10), [&](const auto& nodes) {
-          return Holds(nodes, a->id, "demo/kv-pages") && Holds(nodes, b->id, "demo/kv-pages");
+          return Listed(nodes, c->id) && Listed(nodes, d->id) && Listed(nodes, e->id);
         })) {
-      std::fprintf(stderr, "the directory does not list A and B as holders\n");
+      std::fprintf(stderr, "the directory does not list every node\n");
       break;
     }
-    std::printf("directory on D: A and B hold demo/kv-pages\n");
-    t = absl::Now();
-    auto by_name = (*cc)->Pull("demo/kv-pages", "", "", false);
-    double wall = absl::ToDoubleSeconds(absl::Now() - t);
-    if (!by_name.ok()) {
-      std::fprintf(stderr, "pull by name: %s\n", by_name.status().ToString().c_str());
+    ferry::DistributeSpec spread;
+    spread.object = "demo/kv-pages";
+    spread.all = true;
+    auto dist = (*ca)->Distribute(spread);
+    if (!dist.ok()) {
+      std::fprintf(stderr, "distribute: %s\n", dist.status().ToString().c_str());
       break;
     }
-    const std::string from_c = by_name->source == a->url   ? "A"
-                               : by_name->source == b->url ? "B"
-                                                           : by_name->source;
-    PrintPull("C", ("pull by name, from " + from_c).c_str(), *by_name, wall);
-    read = ReadBack(**cc, "demo/kv-pages", want);
-    if (!read.ok()) {
-      std::printf("C: VERIFY FAILED: %s\n", read.status().ToString().c_str());
-      break;
+    std::printf(
+        "A: distributed demo/kv-pages (%llu chunks, CRC32C each) to every other node of the "
+        "directory in %.3f s; one pull took %.3f s (%.2fx)\n",
+        static_cast<unsigned long long>(dist->chunks), dist->seconds, one_pull,
+        dist->seconds / one_pull);
+    bool spread_ok = true;
+    for (const ferry::ReceiverResult& rr : dist->receivers) {
+      const std::string who = name_of(rr.url);
+      if (!rr.status.ok()) {
+        std::printf("%s: RECEIVE FAILED: %s\n", who.c_str(), rr.status.ToString().c_str());
+        spread_ok = false;
+        continue;
+      }
+      if (rr.held_already) {
+        std::printf("%s: held it already\n", who.c_str());
+        continue;
+      }
+      auto client = ferry::Client::Connect(rr.url);
+      auto back = client.ok() ? ReadBack(**client, "demo/kv-pages", want)
+                              : absl::StatusOr<double>(client.status());
+      if (!back.ok()) {
+        std::printf("%s: VERIFY FAILED: %s\n", who.c_str(), back.status().ToString().c_str());
+        spread_ok = false;
+        continue;
+      }
+      std::printf("%s: received it in %.3f s; verified every byte\n", who.c_str(), rr.seconds);
     }
-    std::printf("C: verified every byte\n");
+    if (!spread_ok) break;
 
+    // A dies; E, which lost its copy, pulls it by name from a replica.
     a->Stop(SIGKILL);
     a_alive = false;
     const absl::Time killed = absl::Now();
     std::printf("A: killed (SIGKILL)\n");
+    if (absl::Status s = (*ce)->Remove("demo/kv-pages"); !s.ok()) {
+      std::fprintf(stderr, "remove: %s\n", s.ToString().c_str());
+      break;
+    }
+    std::printf("E: deleted its copy\n");
     t = absl::Now();
-    by_name = (*cd)->Pull("demo/kv-pages", "", "", false);
-    wall = absl::ToDoubleSeconds(absl::Now() - t);
+    auto by_name = (*ce)->Pull("demo/kv-pages", "", "", false);
+    const double wall = absl::ToDoubleSeconds(absl::Now() - t);
     if (!by_name.ok()) {
       std::fprintf(stderr, "pull by name: %s\n", by_name.status().ToString().c_str());
       break;
     }
-    const std::string from_d = by_name->source == b->url   ? "B"
-                               : by_name->source == c->url ? "C"
-                                                           : by_name->source;
-    PrintPull("D", ("pull by name, from replica " + from_d).c_str(), *by_name, wall);
+    PrintPull("E", ("pull by name, from replica " + name_of(by_name->source)).c_str(), *by_name,
+              wall);
     for (const std::string& tried : by_name->tried)
-      std::printf("D: tried first: %s\n", tried.c_str());
-    read = ReadBack(**cd, "demo/kv-pages", want);
+      std::printf("E: tried first: %s\n", tried.c_str());
+    read = ReadBack(**ce, "demo/kv-pages", want);
     if (!read.ok()) {
-      std::printf("D: VERIFY FAILED: %s\n", read.status().ToString().c_str());
+      std::printf("E: VERIFY FAILED: %s\n", read.status().ToString().c_str());
       break;
     }
-    std::printf("D: verified every byte\n");
+    std::printf("E: verified every byte\n");
     if (!AwaitCluster(**cd, absl::Seconds(10), [&](const auto& nodes) {
           return !Listed(nodes, a->id) && Holds(nodes, b->id, "demo/kv-pages") &&
-                 Holds(nodes, c->id, "demo/kv-pages") && Holds(nodes, d->id, "demo/kv-pages");
+                 Holds(nodes, c->id, "demo/kv-pages") && Holds(nodes, d->id, "demo/kv-pages") &&
+                 Holds(nodes, e->id, "demo/kv-pages");
         })) {
       std::fprintf(stderr,
-                   "the directory does not show A gone and B, C, D holding 10 s after A died\n");
+                   "the directory does not show A gone and B, C, D, E holding 10 s after A "
+                   "died\n");
       break;
     }
     std::printf(
-        "directory: A gone %.1f s after it died (lease 2 s); B, C and D hold demo/kv-pages\n",
+        "directory: A gone %.1f s after it died (lease 2 s); B, C, D and E hold demo/kv-pages\n",
         absl::ToDoubleSeconds(absl::Now() - killed));
     rc = 0;
   } while (false);
-  const int sa = a_alive ? a->Stop() : 0, sb = b->Stop(), sc = c->Stop(), sd = d->Stop();
-  std::printf("stopped the nodes (exit %d, %d, %d, %d)\n", WEXITSTATUS(sa), WEXITSTATUS(sb),
-              WEXITSTATUS(sc), WEXITSTATUS(sd));
+  const int sa = a_alive ? a->Stop() : 0, sb = b->Stop(), sc = c->Stop(), se = e->Stop(),
+            sd = d->Stop();
+  std::printf("stopped the nodes (exit %d, %d, %d, %d, %d)\n", WEXITSTATUS(sa), WEXITSTATUS(sb),
+              WEXITSTATUS(sc), WEXITSTATUS(se), WEXITSTATUS(sd));
   std::filesystem::remove_all(dir);
   return rc;
 }
