@@ -520,7 +520,11 @@ absl::StatusOr<wire::ReceiveStats> Node::RunReceive(const wire::Receive& r, Inco
       uint32_t crc = 0;
       if (in.device.is_cuda()) {
         copy.resize(length);
-        ObjectInfo view = View(*IncomingRecord(in), /*with_extents=*/true);
+        ObjectInfo view;
+        {
+          absl::ReaderMutexLock lock(&mu_);
+          view = View(*IncomingRecord(in), /*with_extents=*/true);
+        }
         absl::Status read = ReadData(view, begin, length, copy.data());
         if (!read.ok()) return read;
         crc = Crc32c(0, copy.data(), length);
