@@ -80,42 +80,43 @@ void Node::Incoming::Landed(uint64_t end) {
   {
     absl::MutexLock lock(&mu);
     landed_ = std::max(landed_, end);
-    for (auto it = waits_.begin(); it != waits_.end();) {
-      if (it->end > landed_) {
-        ++it;
-        continue;
-      }
-      go.push_back(std::move(it->then));
-      it = waits_.erase(it);
-    }
+    const uint64_t in = landed_;
+    go = TakeLocked([in](const Wait& w) { return w.end <= in; });
   }
   for (Then& t : go) t(true);
 }
 
 void Node::Incoming::End(bool published) {
-  std::vector<Wait> go;
+  std::vector<Then> go;
   {
     absl::MutexLock lock(&mu);
     ended_ = published;
-    go.swap(waits_);
+    go = TakeLocked([](const Wait&) { return true; });
   }
-  for (Wait& w : go) w.then(published);
+  for (Then& t : go) t(published);
 }
 
 void Node::Incoming::Expire(absl::Time now) {
   std::vector<Then> go;
   {
     absl::MutexLock lock(&mu);
-    for (auto it = waits_.begin(); it != waits_.end();) {
-      if (it->deadline > now) {
-        ++it;
-        continue;
-      }
-      go.push_back(std::move(it->then));
-      it = waits_.erase(it);
-    }
+    go = TakeLocked([now](const Wait& w) { return w.deadline <= now; });
   }
   for (Then& t : go) t(false);
+}
+
+std::vector<Node::Incoming::Then> Node::Incoming::TakeLocked(
+    const std::function<bool(const Wait&)>& due) {
+  std::vector<Then> out;
+  for (auto it = waits_.begin(); it != waits_.end();) {
+    if (!due(*it)) {
+      ++it;
+      continue;
+    }
+    out.push_back(std::move(it->then));
+    it = waits_.erase(it);
+  }
+  return out;
 }
 
 std::shared_ptr<Node::Incoming> Node::FindIncoming(const std::string& object, uint64_t version) {

@@ -95,6 +95,10 @@ struct Node::Incoming {
     absl::Time deadline;
     Then then;
   };
+  // The waits `due` picks, out of waits_: their callbacks, to call once mu is released.
+  std::vector<Then> TakeLocked(const std::function<bool(const Wait&)>& due)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
   absl::Mutex mu;
   uint64_t landed_ ABSL_GUARDED_BY(mu) = 0;
   std::optional<bool> ended_ ABSL_GUARDED_BY(mu);  // published or not

@@ -189,6 +189,17 @@ std::unique_ptr<PeerTransport> FakeNetwork::Transport(std::string name, std::str
   return std::make_unique<FakeTransport>(this, std::move(name), std::move(sender));
 }
 
+// A node's options for these tests: its catalog under `dir`, two tcp rails on loopback.
+NodeOptions LoopbackOptions(const std::filesystem::path& dir) {
+  NodeOptions o;
+  o.data_dir = dir.string();
+  o.sync = false;
+  o.engine.provider = "tcp";
+  o.engine.domains = {"lo"};
+  o.engine.rails = 2;
+  return o;
+}
+
 constexpr char kUrlA[] = "http://a.fake:1";
 constexpr char kUrlB[] = "http://b.fake:2";
 
@@ -243,12 +254,7 @@ class NodeTest : public ::testing::Test {
   }
 
   absl::StatusOr<std::unique_ptr<Node>> Open(const std::string& name, const std::string& url) {
-    NodeOptions o;
-    o.data_dir = (dir_ / name).string();
-    o.sync = false;
-    o.engine.provider = "tcp";
-    o.engine.domains = {"lo"};
-    o.engine.rails = 2;
+    NodeOptions o = LoopbackOptions(dir_ / name);
     o.cluster_key = key_;
     o.pull_timeout = absl::Seconds(30);
     ASSIGN_OR_RETURN(std::unique_ptr<Node> node, Node::Open(o));
@@ -476,14 +482,8 @@ class WiredNodeTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
   absl::StatusOr<std::unique_ptr<Wired>> Open(const std::string& name) {
-    NodeOptions o;
-    o.data_dir = (dir_ / name).string();
-    o.sync = false;
-    o.engine.provider = "tcp";
-    o.engine.domains = {"lo"};
-    o.engine.rails = 2;
     auto w = std::make_unique<Wired>();
-    ASSIGN_OR_RETURN(w->node, Node::Open(o));
+    ASSIGN_OR_RETURN(w->node, Node::Open(LoopbackOptions(dir_ / name)));
     InstallRoutes(w->http, *w->node, {});
     const int port = w->http.Bind("127.0.0.1", 0);
     if (port < 0) return absl::UnavailableError("cannot listen");
