@@ -227,6 +227,7 @@ void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* op
   opened->Set(absl::OkStatus());
   absl::Time idle_since = absl::InfinitePast();  // the first pass without progress
   absl::Time last_worked = absl::InfinitePast();
+  nap_ = kNapMin;
   while (!stop_.load(std::memory_order_relaxed)) {
     passes_.store(passes_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     bool worked = DrainInbox();
