@@ -946,7 +946,7 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
       local.try_emplace(e.region, LocalRegion{it->second->addr, it->second->descs});
       if (it->second->device.kind == Device::Kind::kCuda) state->from_gpu = true;
     }
-    ASSIGN_OR_RETURN(Plan plan, MakePlan(req.src, req.dst, {rails_.size(), max_write_, max_iov_}));
+    ASSIGN_OR_RETURN(Plan plan, PlanOnRails(req));
     if (plan.writes == 0 && req.immediate) {
       return absl::InvalidArgumentError("an immediate needs at least one byte to carry it");
     }
@@ -982,8 +982,10 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
       for (auto& [id, region] : local) --regions_[id]->pins;
       nothing_to_write = true;
     } else {
+      // A part for each group with WRITEs to post; the others are not woken.
       std::vector<std::unique_ptr<Part>> parts(groups_.size());
       for (size_t r = 0; r < rails_.size(); ++r) {
+        if (plan.rails[r].empty()) continue;
         const size_t g = rail_refs_[r].group;
         auto& part = parts[g];
         if (!part) {
@@ -997,6 +999,7 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
       }
       size_t last_rail = 0;
       for (size_t r = 0; r < rails_.size(); ++r) {
+        if (plan.rails[r].empty()) continue;
         Part& part = *parts[rail_refs_[r].group];
         for (const PlannedWrite& w : plan.rails[r]) {
           const RegionDescriptor& dst = req.dst_regions[w.dst_region];
@@ -1022,7 +1025,7 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
         // On a rail that applies WRITEs in order, delivery-complete on its last WRITE of this
         // transfer covers every earlier one (fi_endpoint(3), msg_order FI_ORDER_RMA_WAW); the
         // others complete at transmit, which saves the provider an ack each.
-        if (!plan.rails[r].empty()) part.ops.back().deliver = true;
+        part.ops.back().deliver = true;
       }
       if (req.immediate) {
         Part& part = *parts[rail_refs_[last_rail].group];
@@ -1073,6 +1076,31 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
     state->Finish(absl::OkStatus());
   }
   return Transfer(state);
+}
+
+absl::StatusOr<Plan> Engine::PlanOnRails(const TransferRequest& req) {
+  // As many rails as give each at least min_rail_share bytes, one at least: a small transfer
+  // wakes one progress thread and completes without waiting for the others. Its rails start at
+  // the calling progress thread's own (a small pull served where its request arrived stays on
+  // that thread; group g's first rail is rail g), else at the next rail in turn.
+  const size_t n = rails_.size();
+  size_t used = n;
+  if (options_.min_rail_share > 0) {
+    uint64_t total = 0;
+    for (const Extent& e : req.src) total += e.length;  // an overflow fails MakePlan
+    used = static_cast<size_t>(std::clamp<uint64_t>(total / options_.min_rail_share, 1, n));
+  }
+  ASSIGN_OR_RETURN(Plan plan, MakePlan(req.src, req.dst, {used, max_write_, max_iov_}));
+  if (used == n) return plan;
+  const ProgressGroup* here = CurrentGroup();
+  const size_t first =
+      here != nullptr && here->index() < groups_.size() && groups_[here->index()].get() == here
+          ? here->index()
+          : next_first_rail_++ % n;
+  std::vector<std::vector<PlannedWrite>> by_rail(n);
+  for (size_t i = 0; i < used; ++i) by_rail[(first + i) % n] = std::move(plan.rails[i]);
+  plan.rails = std::move(by_rail);
+  return plan;
 }
 
 absl::StatusOr<TransferStats> Engine::Write(TransferRequest request) {

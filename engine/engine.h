@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/control.h"
+#include "engine/planner.h"
 #include "engine/topology.h"
 #include "engine/types.h"
 
@@ -95,6 +96,9 @@ struct EngineOptions {
   // rail's bandwidth-delay product; more only queues inside the provider and the kernel.
   // Default: 4 MiB.
   uint64_t max_inflight_bytes = uint64_t{4} << 20;
+  // A transfer is striped over as many rails as give each at least this many bytes (one rail
+  // at least); 0: every transfer over every rail. Default: 64 KiB.
+  uint64_t min_rail_share = uint64_t{64} << 10;
   // A rail whose queue runs dry takes queued WRITEs from the rail of its group with the most
   // queued, so faster rails carry more and the rails finish together; bytes_per_rail then
   // says where the bytes went. false: each rail carries exactly its planned share.
@@ -467,6 +471,8 @@ class Engine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fragments_mu_);
   void MarkDelivered(const std::string& from, uint32_t id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fragments_mu_);
+  // Submit's plan, over the rails that min_rail_share gives it (plan.rails has one list per rail).
+  absl::StatusOr<Plan> PlanOnRails(const TransferRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Per rail of `group`: the peer's address, the source regions' descriptors and the
   // destination regions' keys of the part's transfer (what a WRITE of the part needs to go on
   // any of the group's rails). Called on the group's progress thread.
@@ -513,6 +519,7 @@ class Engine {
   absl::flat_hash_map<PeerId, Peer> peers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, RegionId> windows_ ABSL_GUARDED_BY(mu_);  // open, and their region
   uint64_t next_transfer_ ABSL_GUARDED_BY(mu_) = 1;
+  size_t next_first_rail_ ABSL_GUARDED_BY(mu_) = 0;
 
   absl::Mutex imm_mu_;
   absl::flat_hash_map<uint64_t, uint64_t> imm_unclaimed_ ABSL_GUARDED_BY(imm_mu_);

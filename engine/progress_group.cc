@@ -18,11 +18,13 @@
 namespace ferry::engine {
 namespace {
 
-thread_local bool on_progress_thread = false;
+thread_local const ProgressGroup* current_group = nullptr;
 
 }  // namespace
 
-bool OnProgressThread() { return on_progress_thread; }
+bool OnProgressThread() { return current_group != nullptr; }
+
+const ProgressGroup* CurrentGroup() { return current_group; }
 
 namespace {
 
@@ -215,7 +217,7 @@ absl::StatusOr<std::unique_ptr<ProgressGroup::RailState>> ProgressGroup::OpenRai
 }
 
 void ProgressGroup::Main(std::vector<InfoPtr> infos, Binder bind, Completion* opened) {
-  on_progress_thread = true;
+  current_group = this;
   // Pinned first, so that the CQs, queues and buffers the rails allocate are NUMA-local.
   absl::Status s = bind ? bind() : absl::OkStatus();
   if (s.ok()) s = OpenRails(std::move(infos));

@@ -210,6 +210,8 @@ class ProgressGroup {
   void Wake();
 
   size_t rail_count() const { return rails_.size(); }
+  // Its place among its engine's groups.
+  size_t index() const { return index_; }
   // The bell's endpoint name; empty when this group has none.
   std::string bell_address() const;
   const RailInfo& rail_info(size_t i) const { return rails_[i]->rail->rail_info(); }
@@ -446,6 +448,9 @@ class ProgressGroup {
   std::atomic<uint64_t> passes_{0}, waits_{0};
   std::thread thread_;
 };
+
+// The group whose progress thread calls; null on any other thread.
+const ProgressGroup* CurrentGroup();
 
 }  // namespace ferry::engine
 

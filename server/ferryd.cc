@@ -86,6 +86,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-write", options.engine.max_write, "longest WRITE, bytes")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 30));
+  app.add_option("--min-rail-share", options.engine.min_rail_share,
+                 "a pull is striped over as many rails as give each this many bytes (0: over "
+                 "every rail)")
+      ->capture_default_str();
   app.add_option("--wait-fds", options.engine.wait_fds,
                  "rails' CQs with wait fds: idle progress threads block on them (false: on the "
                  "engine's bell, which peers ring; less work per WRITE on tcp)")

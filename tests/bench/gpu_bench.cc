@@ -248,6 +248,7 @@ int RunGpuBench(const GpuFlags& f) {
     std::string name;
     uint64_t pieces;
     std::string path;
+    bool prepared = false;  // into a destination prepared once (POST /v1/destinations)
   };
   // Where the rails carry GPU memory (FI_HMEM), the rdma path gets rows of its own.
   auto node = cb.Get("/v1/node");
@@ -259,6 +260,10 @@ int RunGpuBench(const GpuFlags& f) {
     if (std::string(path) == "rdma" && !hmem) continue;
     for (uint64_t pieces : f.pieces) {
       layouts.push_back({pieces == 1 ? "contiguous" : "scattered", pieces, path});
+      // What a KV-cache migration does: the page layout travels once, each pull names it.
+      if (pieces > 1 && std::string(path) == "auto") {
+        layouts.push_back({"scattered", pieces, path, /*prepared=*/true});
+      }
     }
   }
   bool mismatches = false;
@@ -272,11 +277,19 @@ int RunGpuBench(const GpuFlags& f) {
       return 1;
     }
     const json dst_extents = Scattered(dst_region, f.size, l.pieces, 2);
-    const std::string body = json{{"from", a.url},
-                                  {"object", name},
-                                  {"path", l.path},
-                                  {"into", {{"extents", dst_extents}}}}
-                                 .dump();
+    json into = {{"extents", dst_extents}};
+    uint64_t handle = 0;
+    if (l.prepared) {
+      auto d = cb.Post("/v1/destinations", into.dump(), "application/json");
+      if (!d || d->status != 201) {
+        std::cerr << "prepare: " << (d ? d->body : "no answer") << "\n";
+        return 1;
+      }
+      handle = json::parse(d->body)["handle"].get<uint64_t>();
+      into = {{"prepared", handle}};
+    }
+    const std::string body =
+        json{{"from", a.url}, {"object", name}, {"path", l.path}, {"into", into}}.dump();
     std::vector<double> wall, copy;
     std::string path;
     const int iters = l.path == "auto" ? f.iters : std::max(1, f.iters / 2);
@@ -303,6 +316,7 @@ int RunGpuBench(const GpuFlags& f) {
                       want->status == 200 && got->body.size() == want->body.size();
     const bool match = read && got->body == want->body;
     cb.Delete("/v1/objects/gpu-landed");  // the next pull writes into these extents again
+    if (handle != 0) cb.Delete(("/v1/destinations/" + std::to_string(handle)).c_str());
     if (!match) {
       mismatches = true;
       std::cerr << l.name << " " << l.pieces << " via " << path << ": ";
@@ -329,6 +343,7 @@ int RunGpuBench(const GpuFlags& f) {
          {"pieces", l.pieces},
          {"piece_bytes", f.size / l.pieces},
          {"path", path},
+         {"into", l.prepared ? "prepared" : "extents"},
          {"src", src_dev},
          {"dst", dst_dev},
          {"bytes", f.size},
@@ -338,7 +353,8 @@ int RunGpuBench(const GpuFlags& f) {
          {"vs_memcpy_peer", vs_peer},
          {"vs_d2h", base->d2h / Median(wall)},
          {"bytes_match", match}},
-        absl::StrCat(l.name, " ", l.pieces, " x ", f.size / l.pieces, " B via ", path, ": ", w,
+        absl::StrCat(l.name, " ", l.pieces, " x ", f.size / l.pieces, " B via ", path,
+                     l.prepared ? " into a prepared destination" : "", ": ", w,
                      " GB/s end to end (", c, " GB/s copy), ", vs_peer, "x cudaMemcpyPeer, bytes ",
                      match ? "match" : "DIFFER"));
   }

@@ -210,6 +210,59 @@ TEST_P(EngineTest, MovesRandomNonContiguousLayoutsByteForByte) {
   ExpectVerified(src, dst);
 }
 
+TEST_P(EngineTest, ASmallTransferGoesOnOneRailTheNextOnTheNextAndABigOneOnEvery) {
+  // EngineOptions::min_rail_share: as many rails as get 64 KiB each; 0: every rail.
+  const size_t rails = GetParam().rails;
+  constexpr uint64_t kShare = 64 << 10, kSize = 1 << 20;
+  ASSERT_NO_FATAL_FAILURE(StartPeer(kSize));
+  auto used = [](const TransferStats& s) {
+    std::vector<size_t> out;
+    for (size_t r = 0; r < s.bytes_per_rail.size(); ++r) {
+      if (s.bytes_per_rail[r] > 0) out.push_back(r);
+    }
+    return out;
+  };
+  for (const uint64_t share : {kShare, uint64_t{0}}) {
+    const std::string what = absl::StrCat("min_rail_share ", share);
+    EngineOptions o = Options(GetParam());
+    o.min_rail_share = share;
+    engine_.reset();
+    ASSERT_OK_AND_ASSIGN(engine_, Engine::Create(o));
+    ASSERT_OK_AND_ASSIGN(peer_id_,
+                         engine_->AddPeer(peer_address_, absl::Now() + absl::Seconds(30)));
+    SourceBuffer src_buf(*engine_, kSize);
+    // `rails` transfers of 4 KiB, one after the other from this thread, into 4 KiB slots.
+    std::set<size_t> firsts;
+    std::vector<Extent> src, dst;
+    for (size_t i = 0; i < rails; ++i) {
+      src.push_back({0, i * 4096, 4096});
+      dst.push_back({0, kSize - (i + 1) * 4096, 4096});
+      ASSERT_OK_AND_ASSIGN(TransferStats stats,
+                           engine_->Write(Request({src.back()}, src_buf.region, {dst.back()})));
+      const std::vector<size_t> on = used(stats);
+      if (share == 0) {
+        EXPECT_EQ(on.size(), rails) << what;
+      } else {
+        ASSERT_EQ(on.size(), 1u) << what;
+        firsts.insert(on[0]);
+      }
+    }
+    if (share != 0) {
+      EXPECT_EQ(firsts.size(), rails) << "each rail in turn, " << what;
+    }
+    // Two shares: two rails (one when there is one); 512 KiB: every rail.
+    for (const uint64_t size : {2 * kShare, kSize / 2}) {
+      ASSERT_OK_AND_ASSIGN(TransferStats stats,
+                           engine_->Write(Request({{0, 0, size}}, src_buf.region, {{0, 0, size}})));
+      const size_t want = share == 0 || size == kSize / 2 ? rails : std::min<size_t>(2, rails);
+      EXPECT_EQ(used(stats).size(), want) << size << " bytes, " << what;
+    }
+    src.push_back({0, 0, kSize / 2});
+    dst.push_back({0, 0, kSize / 2});
+    ExpectVerified(src, dst);
+  }
+}
+
 TEST_P(EngineTest, ManyConcurrentTransfersEachLandWhereTheyShould) {
   constexpr uint64_t kSlice = 1 << 20;
   constexpr int kTransfers = 32;

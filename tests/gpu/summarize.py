@@ -17,8 +17,8 @@ raw_gbs = max((r["raw_mb_per_sec"] / 1e3 for r in raw), default=0)
 pulls = [r for r in rows if r.get("bench") == "gpu_pull"]
 peer = base.get("cudaMemcpyPeer", 0)
 nccl_1g = nccl.get(1 << 30, 0)
-print("| path | layout | pieces | GB/s end to end | GB/s copy | copy alone | copy vs cudaMemcpyPeer | copy vs NCCL | copy vs a cudaMemcpyPeerAsync per piece | target (on the copy) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| path | layout | into | pieces | GB/s end to end | GB/s copy | copy alone | copy vs cudaMemcpyPeer | copy vs NCCL | copy vs a cudaMemcpyPeerAsync per piece | target (on the copy) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 contiguous = {}
 for r in pulls:
     if r["pieces"] == 1:
@@ -41,11 +41,12 @@ for r in pulls:
                   f" ({gbs / ceiling * 100:.1f}%)") if ceiling else ""
     alone = f"{batched[r['pieces']]:.1f}" if r["path"] == "cuda_ipc" and r["pieces"] in batched else ""
     vs_pieces = f"{gbs / per_piece[r['pieces']]:.2f}x" if r["pieces"] in per_piece else ""
-    print(f"| {r['path']} | {r['layout']} | {r['pieces']} x {r['piece_bytes'] >> 10} KiB | "
+    print(f"| {r['path']} | {r['layout']} | {r.get('into', 'extents')} | {r['pieces']} x {r['piece_bytes'] >> 10} KiB | "
           f"{r['gb_per_sec']:.1f} | {gbs:.1f} | {alone} | {gbs / peer:.3f} | {vs_nccl} | "
           f"{vs_pieces} | {target} |")
 print()
 print("GB/s end to end: wall clock of POST /v1/pulls on the destination (HTTP, planning and the copy);")
+print("into: the destination's extents in each request's JSON, or a destination prepared once (POST /v1/destinations);")
 print("GB/s copy: the pull's own seconds (source side: from its plan to the last byte; staged: the")
 print("destination's wall clock, rings included); copy alone: CudaCopyPieces in one process, no node")
 print("(the kernel, as a pull does; relayed through the copy engines, not yet used by pulls: " +
