@@ -19,6 +19,7 @@
 #include "server/api_json.h"
 #include "server/node_internal.h"
 #include "server/transports.h"
+#include "wire/disjoint.h"
 #include "wire/http_status.h"
 
 namespace ferry::server {
@@ -682,55 +683,43 @@ RegionDescriptor Node::DescriptorOf(const Region& r) const {
   return d;
 }
 
-absl::StatusOr<uint64_t> Node::CheckDestination(const std::vector<Extent>& extents) const {
-  if (extents.empty()) return absl::InvalidArgumentError("a pull needs somewhere to go");
-  if (extents.size() > options_.max_extents) {
-    return TooLarge(absl::StrCat(extents.size(), " extents; the limit is ", options_.max_extents));
+absl::StatusOr<uint64_t> Node::CheckDestination(const Layout& layout) const {
+  if (layout.empty()) return absl::InvalidArgumentError("a pull needs somewhere to go");
+  if (layout.pieces() > options_.max_extents) {
+    return TooLarge(absl::StrCat(layout.pieces(), " extents; the limit is ", options_.max_extents));
   }
-  struct Span {
-    uint64_t region, start, end;
-  };
-  std::vector<Span> spans;
-  spans.reserve(extents.size());
   uint64_t total = 0;
   const Region* last = nullptr;
   uint64_t last_id = 0;
-  for (const Extent& e : extents) {
+  absl::Status bad;
+  layout.ForEach([&](const Extent& e) {
+    if (!bad.ok()) return;
     if (last == nullptr || last_id != e.region) {
       auto it = regions_.find(e.region);
-      if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", e.region));
+      if (it == regions_.end()) {
+        bad = absl::NotFoundError(absl::StrCat("no region ", e.region));
+        return;
+      }
       if (catalog_->RegionUsers(e.region) > 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
+        bad = absl::InvalidArgumentError(absl::StrCat(
             "region ", e.region, " holds a published object version: versions are immutable"));
+        return;
       }
       last = &it->second;
       last_id = e.region;
     }
     if (e.length == 0 || !InBounds(e.offset, e.length, last->info.size)) {
-      return absl::InvalidArgumentError(absl::StrCat("extent [", e.offset, ", +", e.length,
-                                                     ") is empty or outside region ", e.region,
-                                                     " of ", last->info.size, " bytes"));
+      bad = absl::InvalidArgumentError(absl::StrCat("extent [", e.offset, ", +", e.length,
+                                                    ") is empty or outside region ", e.region,
+                                                    " of ", last->info.size, " bytes"));
+    } else if (total + e.length < total) {
+      bad = absl::InvalidArgumentError("extents overflow 2^64 bytes");
     }
-    if (total + e.length < total) return absl::InvalidArgumentError("extents overflow 2^64 bytes");
     total += e.length;
-    spans.push_back({e.region, e.offset, e.offset + e.length});
-  }
+  });
+  RETURN_IF_ERROR(bad);
   // Pieces of one destination must not overlap: the bytes of two would race.
-  bool sorted = true;
-  for (size_t i = 1; i < spans.size() && sorted; ++i) {
-    sorted = spans[i - 1].region < spans[i].region ||
-             (spans[i - 1].region == spans[i].region && spans[i - 1].end <= spans[i].start);
-  }
-  if (!sorted) {
-    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
-      return a.region != b.region ? a.region < b.region : a.start < b.start;
-    });
-    for (size_t i = 1; i < spans.size(); ++i) {
-      if (spans[i].region == spans[i - 1].region && spans[i].start < spans[i - 1].end) {
-        return absl::InvalidArgumentError("destination extents overlap");
-      }
-    }
-  }
+  if (!Disjoint(layout)) return absl::InvalidArgumentError("destination extents overlap");
   return total;
 }
 
@@ -739,19 +728,20 @@ absl::StatusOr<uint64_t> Node::PrepareDestination(const Layout& layout) {
     return TooLarge(absl::StrCat(layout.pieces(), " pieces; the limit is ", options_.max_extents));
   }
   auto p = std::make_shared<Prepared>();
+  p->layout = layout;
   p->pieces.reserve(layout.pieces());
   layout.ForEach([&](const Extent& e) { p->pieces.push_back(e); });
   std::vector<uint64_t> regions;
   {
     absl::ReaderMutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(p->size, CheckDestination(p->pieces));
-    for (const Extent& e : p->pieces) {
-      if (std::find(regions.begin(), regions.end(), e.region) == regions.end()) {
-        regions.push_back(e.region);
+    ASSIGN_OR_RETURN(p->size, CheckDestination(layout));
+    for (const Layout::Run& r : layout.runs()) {
+      if (std::find(regions.begin(), regions.end(), r.region) == regions.end()) {
+        regions.push_back(r.region);
       }
     }
   }
-  ASSIGN_OR_RETURN(p->windows, OpenWindows(p->pieces));
+  ASSIGN_OR_RETURN(p->windows, OpenWindows(layout));
   absl::MutexLock lock(&mu_);
   for (uint64_t r : regions) {
     auto it = regions_.find(r);

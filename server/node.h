@@ -405,9 +405,9 @@ class Node {
   absl::StatusOr<std::vector<Span>> SpansOf(const std::vector<Extent>& extents) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   bool AllRegistered(const std::vector<Extent>& extents) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Checks `extents` against this node's regions as a destination: registered, in bounds,
-  // not empty, disjoint, in no published object's buffer. Sum of their bytes.
-  absl::StatusOr<uint64_t> CheckDestination(const std::vector<Extent>& extents) const
+  // Checks the pieces of `layout` against this node's regions as a destination: registered,
+  // in bounds, not empty, disjoint, in no published object's buffer. Sum of their bytes.
+  absl::StatusOr<uint64_t> CheckDestination(const Layout& layout) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::StatusOr<RegionInfo> AddRegion(char* addr, uint64_t size, Device device, OwnedMemory owned,
                                        bool for_object);
@@ -463,7 +463,7 @@ class Node {
   absl::StatusOr<ObjectInfo> StatAt(const std::shared_ptr<Session>& session,
                                     const std::string& name, std::optional<uint64_t> version,
                                     const wire::ObjectPart& part, absl::Time deadline);
-  absl::StatusOr<Windows> OpenWindows(const std::vector<Extent>& local);
+  absl::StatusOr<Windows> OpenWindows(const Layout& local);
   void CloseWindows(const std::vector<uint64_t>& ids, bool wait);
   // Everything a pull needs before its request goes: the session, the destination checked (a
   // new buffer allocated), the path, windows, the request.

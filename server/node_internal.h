@@ -35,12 +35,12 @@ struct Node::Session {
 
 // Windows a destination opened: one per region it writes into, over the span its pieces
 // cover, and the pieces as the source addresses them (region: index into `descriptors`;
-// offset: into the window). Memory off the rails gets its descriptor without keys and no
-// window (the same-host and staged paths reach it).
+// offset: into the window), in the layout's own form. Memory off the rails gets its
+// descriptor without keys and no window (the same-host and staged paths reach it).
 struct Node::Windows {
   std::vector<uint64_t> ids;
   std::vector<RegionDescriptor> descriptors;
-  std::vector<Extent> extents;
+  Layout layout;
 };
 
 // A prepared destination: its pieces (in layout order, over this node's regions) and its
@@ -48,7 +48,8 @@ struct Node::Windows {
 struct Node::Prepared {
   uint64_t handle = 0;
   std::atomic<uint64_t> epoch{1};
-  std::vector<Extent> pieces;
+  Layout layout;              // as given
+  std::vector<Extent> pieces;  // the layout's, one by one
   uint64_t size = 0;
   std::vector<uint64_t> regions;
   Windows windows;  // guarded by Node::mu_ once prepared

@@ -294,7 +294,7 @@ absl::StatusOr<ObjectInfo> Node::StatAt(const std::shared_ptr<Session>& session,
 
 // --- Windows. ---
 
-absl::StatusOr<Node::Windows> Node::OpenWindows(const std::vector<Extent>& local) {
+absl::StatusOr<Node::Windows> Node::OpenWindows(const Layout& local) {
   // One window per region written into, over the span its pieces cover.
   struct Span {
     uint64_t start = UINT64_MAX, end = 0;
@@ -303,12 +303,15 @@ absl::StatusOr<Node::Windows> Node::OpenWindows(const std::vector<Extent>& local
     RegionDescriptor descriptor;  // for memory off the rails
   };
   std::map<uint64_t, Span> spans;
+  std::vector<std::pair<uint64_t, uint64_t>> covers;  // each run's
+  covers.reserve(local.runs().size());
   {
     absl::ReaderMutexLock lock(&mu_);
-    for (const Extent& e : local) {
-      Span& s = spans[e.region];
-      s.start = std::min(s.start, e.offset);
-      s.end = std::max(s.end, e.offset + e.length);
+    for (const Layout::Run& r : local.runs()) {
+      covers.push_back(local.Cover(r));
+      Span& s = spans[r.region];
+      s.start = std::min(s.start, covers.back().first);
+      s.end = std::max(s.end, covers.back().second);
     }
     for (auto& [region, s] : spans) {
       auto it = regions_.find(region);
@@ -341,10 +344,30 @@ absl::StatusOr<Node::Windows> Node::OpenWindows(const std::vector<Extent>& local
     w.descriptors.push_back(std::move(opened[next].descriptor));
     ++next;
   }
-  w.extents.reserve(local.size());
-  for (const Extent& e : local) {
-    const Span& s = spans[e.region];
-    w.extents.push_back({s.index, e.offset - s.start, e.length});
+  // The same runs, in window coordinates: compact forms stay compact.
+  const std::vector<uint32_t>& ids = local.page_ids();
+  for (size_t i = 0; i < local.runs().size(); ++i) {
+    const Layout::Run& r = local.runs()[i];
+    const Span& s = spans[r.region];
+    switch (r.kind) {
+      case Layout::Run::Kind::kExtent:
+        w.layout.Add({s.index, r.offset - s.start, r.piece});
+        break;
+      case Layout::Run::Kind::kStrided:
+        w.layout.AddStrided(s.index, r.offset - s.start, r.piece, r.stride, r.count);
+        break;
+      case Layout::Run::Kind::kPages: {
+        // The pool may start before the window: its ids then count from the lowest page.
+        const uint64_t low = r.offset >= s.start ? 0 : (covers[i].first - r.offset) / r.piece;
+        std::vector<uint32_t> pages(ids.begin() + static_cast<ptrdiff_t>(r.first_page),
+                                    ids.begin() + static_cast<ptrdiff_t>(r.first_page + r.count));
+        if (low > 0) {
+          for (uint32_t& id : pages) id -= static_cast<uint32_t>(low);
+        }
+        w.layout.AddPages(s.index, r.offset + low * r.piece - s.start, r.piece, pages);
+        break;
+      }
+    }
   }
   return w;
 }
@@ -647,7 +670,7 @@ absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePullUncounted(
     }
     st->local = spec.into.Expand();
     absl::ReaderMutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(st->size, CheckDestination(st->local));
+    ASSIGN_OR_RETURN(st->size, CheckDestination(spec.into));
   }
   // Into host memory on the rails with no path named (KV-cache pages, say), the pull goes
   // straight to the rdma path without asking first; a source whose object is off the rails
@@ -656,8 +679,11 @@ absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePullUncounted(
   {
     absl::ReaderMutexLock lock(&mu_);
     std::set<uint64_t> seen;
+    const Extent* last = nullptr;
     for (const Extent& e : st->local) {
-      if (!seen.insert(e.region).second) continue;
+      const bool again = last != nullptr && last->region == e.region;
+      last = &e;
+      if (again || !seen.insert(e.region).second) continue;
       auto it = regions_.find(e.region);
       if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", e.region));
       const Region& r = it->second;
@@ -710,7 +736,7 @@ absl::Status Node::BuildRequest(PullHandle::State& st) {
         if (shown == st.session->shown.end() || shown->second != req.prepared_epoch) {
           req.defines_prepared = true;
           req.regions = p.windows.descriptors;
-          req.layout = Layout(p.windows.extents);
+          req.layout = p.windows.layout;
         }
         return absl::OkStatus();
       }
@@ -718,10 +744,11 @@ absl::Status Node::BuildRequest(PullHandle::State& st) {
         // The pieces through windows of their own, open for this pull only.
         if (st.prepared) {
           req.regions = st.prepared->windows.descriptors;
-          req.layout = Layout(st.prepared->windows.extents);
+          req.layout = st.prepared->windows.layout;
           return absl::OkStatus();
         }
-        ASSIGN_OR_RETURN(st.windows, OpenWindows(st.local));
+        ASSIGN_OR_RETURN(st.windows,
+                         OpenWindows(st.spec.into.empty() ? Layout(st.local) : st.spec.into));
         for (const RegionDescriptor& d : st.windows.descriptors) {
           if (d.keys.empty()) {
             return Conflict(
@@ -729,7 +756,7 @@ absl::Status Node::BuildRequest(PullHandle::State& st) {
           }
         }
         req.regions = st.windows.descriptors;
-        req.layout = Layout(st.windows.extents);
+        req.layout = std::move(st.windows.layout);
       }
       return absl::OkStatus();
     case PullPath::kCudaIpc: {
@@ -1081,7 +1108,7 @@ void Node::Abandon(PullHandle::State& st) {
 
 void Node::RekeyPrepared(const std::shared_ptr<Prepared>& p) {
   // New windows first, then the old ones close: pulls that start meanwhile send the new epoch.
-  auto fresh = OpenWindows(p->pieces);
+  auto fresh = OpenWindows(p->layout);
   if (!fresh.ok()) {
     spdlog::error("prepared destination {}: new windows: {}", p->handle, fresh.status().ToString());
     return;

@@ -12,6 +12,7 @@
 #include "server/node.h"
 #include "server/node_internal.h"
 #include "spdlog/spdlog.h"
+#include "wire/disjoint.h"
 #include "wire/http_status.h"
 
 namespace ferry::server {
@@ -714,8 +715,9 @@ absl::StatusOr<Node::PullTarget> Node::ResolveTarget(const std::string& sender,
     auto it = peers_.find(sender);
     if (it != peers_.end()) peer = it->second;
   }
+  // `extents`: the pieces of `layout`, one by one.
   auto check = [&](const std::vector<RegionDescriptor>& regions, const std::vector<Extent>& extents,
-                   bool disjoint_known) -> absl::StatusOr<uint64_t> {
+                   const Layout& layout) -> absl::StatusOr<uint64_t> {
     if (extents.empty()) return absl::InvalidArgumentError("the destination has no pieces");
     uint64_t total = 0;
     for (const Extent& e : extents) {
@@ -732,18 +734,7 @@ absl::StatusOr<Node::PullTarget> Node::ResolveTarget(const std::string& sender,
         return absl::InvalidArgumentError("extents overflow 2^64 bytes");
       total += e.length;
     }
-    if (!disjoint_known) {
-      std::vector<Extent> sorted = extents;
-      std::sort(sorted.begin(), sorted.end(), [](const Extent& a, const Extent& b) {
-        return a.region != b.region ? a.region < b.region : a.offset < b.offset;
-      });
-      for (size_t i = 1; i < sorted.size(); ++i) {
-        if (sorted[i].region == sorted[i - 1].region &&
-            sorted[i].offset < sorted[i - 1].offset + sorted[i - 1].length) {
-          return absl::InvalidArgumentError("destination extents overlap");
-        }
-      }
-    }
+    if (!Disjoint(layout)) return absl::InvalidArgumentError("destination extents overlap");
     return total;
   };
   uint64_t total = 0;
@@ -758,7 +749,7 @@ absl::StatusOr<Node::PullTarget> Node::ResolveTarget(const std::string& sender,
       d.regions = std::make_shared<const std::vector<RegionDescriptor>>(req.regions);
       d.pieces.reserve(req.layout.pieces());
       req.layout.ForEach([&](const Extent& e) { d.pieces.push_back(e); });
-      RETURN_IF_ERROR(check(*d.regions, d.pieces, /*disjoint_known=*/false).status());
+      RETURN_IF_ERROR(check(*d.regions, d.pieces, req.layout).status());
       peer->prepared[req.prepared] = std::move(d);
     }
     auto it = peer->prepared.find(req.prepared);
@@ -792,7 +783,7 @@ absl::StatusOr<Node::PullTarget> Node::ResolveTarget(const std::string& sender,
     }
     t.extents.reserve(req.layout.pieces());
     req.layout.ForEach([&](const Extent& e) { t.extents.push_back(e); });
-    ASSIGN_OR_RETURN(total, check(*t.regions, t.extents, /*disjoint_known=*/false));
+    ASSIGN_OR_RETURN(total, check(*t.regions, t.extents, req.layout));
   }
   if (total != size) {
     return absl::InvalidArgumentError(

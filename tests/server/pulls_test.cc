@@ -95,14 +95,16 @@ TEST_P(PullsTest, RandomLayoutsInEveryFormArriveByteForByteOverTheFabric) {
     bytes = object.bytes();
     const std::string name = absl::StrCat("o", round);
     ASSERT_OK(a_->Publish(name, object).status());
-    // The destination: pages of 512 bytes of a pool, shuffled, then the rest as one extent.
+    // The destination: pages of 512 bytes of a pool, shuffled (from page 8 on: the window
+    // starts after the pool does), four strided pieces, then the rest as one extent.
     Buffer dst(8 << 20, 0, /*fill=*/false);
     ASSERT_OK_AND_ASSIGN(uint64_t dr, b_->Register(dst.data(), dst.bytes.size()));
-    std::vector<uint32_t> slots(bytes / 512);
-    std::iota(slots.begin(), slots.end(), 0);
+    std::vector<uint32_t> slots(bytes / 512 - 4);
+    std::iota(slots.begin(), slots.end(), 8);
     std::shuffle(slots.begin(), slots.end(), rng);
     Layout into;
     into.AddPages(dr, 0, 512, slots);
+    into.AddStrided(dr, 7 << 20, 512, 1024, 4);
     into.Add({dr, 6 << 20, bytes - into.bytes()});
     ASSERT_OK_AND_ASSIGN(PullStats stats, PullInto(name, into));
     EXPECT_EQ(stats.bytes, bytes);

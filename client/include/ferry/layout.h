@@ -67,6 +67,27 @@ class Layout {
   const std::vector<Run>& runs() const { return runs_; }
   const std::vector<uint32_t>& page_ids() const { return page_ids_; }
 
+  // The bytes of its region `r` (a run of this layout) reaches over: from its lowest piece's
+  // first byte to past its highest piece's last; {offset, offset} for a run of no pieces.
+  std::pair<uint64_t, uint64_t> Cover(const Run& r) const {
+    switch (r.kind) {
+      case Run::Kind::kExtent:
+        return {r.offset, r.offset + r.piece};
+      case Run::Kind::kStrided:
+        return {r.offset, r.count == 0 ? r.offset : r.offset + (r.count - 1) * r.stride + r.piece};
+      case Run::Kind::kPages: {
+        if (r.count == 0) return {r.offset, r.offset};
+        uint32_t low = UINT32_MAX, high = 0;
+        for (uint64_t i = r.first_page; i < r.first_page + r.count; ++i) {
+          low = page_ids_[i] < low ? page_ids_[i] : low;
+          high = page_ids_[i] > high ? page_ids_[i] : high;
+        }
+        return {r.offset + uint64_t{low} * r.piece, r.offset + (uint64_t{high} + 1) * r.piece};
+      }
+    }
+    return {r.offset, r.offset};
+  }
+
   // Calls f(Extent) for every piece, in order.
   template <typename F>
   void ForEach(F&& f) const {
