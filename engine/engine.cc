@@ -935,16 +935,22 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
                                                        " keys for ", remote_rails, " rails"));
       }
     }
+    const RegionEntry* last = nullptr;  // the region of the extent before
+    RegionId last_id = 0;
     for (const Extent& e : req.src) {
-      auto it = regions_.find(e.region);
-      if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", e.region));
-      if (!InBounds(e.offset, e.length, it->second->length)) {
+      if (last == nullptr || e.region != last_id) {
+        auto it = regions_.find(e.region);
+        if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", e.region));
+        last = it->second.get();
+        last_id = e.region;
+        local.try_emplace(e.region, LocalRegion{last->addr, last->descs});
+        if (last->device.kind == Device::Kind::kCuda) state->from_gpu = true;
+      }
+      if (!InBounds(e.offset, e.length, last->length)) {
         return absl::InvalidArgumentError(absl::StrCat("source extent [", e.offset, ", +", e.length,
                                                        ") is outside region ", e.region, " of ",
-                                                       it->second->length, " bytes"));
+                                                       last->length, " bytes"));
       }
-      local.try_emplace(e.region, LocalRegion{it->second->addr, it->second->descs});
-      if (it->second->device.kind == Device::Kind::kCuda) state->from_gpu = true;
     }
     ASSIGN_OR_RETURN(Plan plan, PlanOnRails(req));
     if (plan.writes == 0 && req.immediate) {
@@ -1001,21 +1007,27 @@ absl::StatusOr<Transfer> Engine::Submit(TransferRequest req) {
       for (size_t r = 0; r < rails_.size(); ++r) {
         if (plan.rails[r].empty()) continue;
         Part& part = *parts[rail_refs_[r].group];
+        const LocalRegion* src = nullptr;  // of the piece before
+        RegionId src_id = 0;
         for (const PlannedWrite& w : plan.rails[r]) {
           const RegionDescriptor& dst = req.dst_regions[w.dst_region];
+          if (src == nullptr || src_id != w.src_region) {
+            src = &local[w.src_region];
+            src_id = w.src_region;
+          }
           if (!w.gathered) {
             WriteOp& op = part.ops.emplace_back();
             op.kind = OpKind::kWrite;
             op.part = &part;
             op.rail = rail_refs_[r].index_in_group;
-            op.desc = local[w.src_region].descs[r];
+            op.desc = src->descs[r];
             op.key = dst.keys[r % remote_rails];
             op.dest = fi_addrs[r];
             op.src_region = w.src_region;
             op.dst_region = w.dst_region;
           }
           WriteOp& op = part.ops.back();
-          op.local[op.pieces] = {local[w.src_region].addr + w.src_offset, w.length};
+          op.local[op.pieces] = {src->addr + w.src_offset, w.length};
           op.remote[op.pieces] = dst.RemoteAddress(w.dst_offset);
           ++op.pieces;
           op.length += w.length;

@@ -22,6 +22,7 @@ absl::StatusOr<uint64_t> Total(const std::vector<Extent>& extents, const char* s
 std::vector<PlannedWrite> Intersect(const std::vector<Extent>& src,
                                     const std::vector<Extent>& dst) {
   std::vector<PlannedWrite> pieces;
+  pieces.reserve(std::max(src.size(), dst.size()));
   size_t si = 0, di = 0;
   uint64_t s_used = 0, d_used = 0;  // bytes consumed of src[si] / dst[di]
   while (si < src.size() && di < dst.size()) {
@@ -78,6 +79,7 @@ absl::StatusOr<Plan> MakePlan(const std::vector<Extent>& src, const std::vector<
   // rail's pieces consecutive in the layout.
   const uint64_t rails = options.rails;
   const uint64_t share = plan.bytes / rails, extra = plan.bytes % rails;
+  for (auto& out : plan.rails) out.reserve(pieces.size() / rails + 1);
   auto bound = [&](uint64_t r) { return r * share + std::min(r, extra); };
   uint64_t pos = 0;  // stream offset of the start of the current piece remainder
   size_t rail = 0;
