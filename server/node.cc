@@ -662,8 +662,11 @@ absl::StatusOr<std::vector<Span>> Node::SpansOf(const std::vector<Extent>& exten
 
 bool Node::AllRegistered(const std::vector<Extent>& extents) const {
   // A loop, not std::all_of: the thread-safety analysis does not see mu_ held in a lambda.
+  const Extent* last = nullptr;  // pieces of one region follow each other: looked up once
   for (const Extent& e : extents) {
+    if (last != nullptr && last->region == e.region) continue;
     if (!regions_.contains(e.region)) return false;
+    last = &e;
   }
   return true;
 }
@@ -688,36 +691,46 @@ absl::StatusOr<uint64_t> Node::CheckDestination(const Layout& layout) const {
   if (layout.pieces() > options_.max_extents) {
     return TooLarge(absl::StrCat(layout.pieces(), " extents; the limit is ", options_.max_extents));
   }
-  uint64_t total = 0;
   const Region* last = nullptr;
   uint64_t last_id = 0;
-  absl::Status bad;
-  layout.ForEach([&](const Extent& e) {
-    if (!bad.ok()) return;
-    if (last == nullptr || last_id != e.region) {
-      auto it = regions_.find(e.region);
-      if (it == regions_.end()) {
-        bad = absl::NotFoundError(absl::StrCat("no region ", e.region));
-        return;
-      }
-      if (catalog_->RegionUsers(e.region) > 0) {
-        bad = absl::InvalidArgumentError(absl::StrCat(
-            "region ", e.region, " holds a published object version: versions are immutable"));
-        return;
-      }
-      last = &it->second;
-      last_id = e.region;
+  auto region = [&](uint64_t id) -> absl::Status {
+    if (last != nullptr && last_id == id) return absl::OkStatus();
+    auto it = regions_.find(id);
+    if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", id));
+    if (catalog_->RegionUsers(id) > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("region ", id, " holds a published object version: versions are immutable"));
     }
-    if (e.length == 0 || !InBounds(e.offset, e.length, last->info.size)) {
-      bad = absl::InvalidArgumentError(absl::StrCat("extent [", e.offset, ", +", e.length,
-                                                    ") is empty or outside region ", e.region,
-                                                    " of ", last->info.size, " bytes"));
-    } else if (total + e.length < total) {
-      bad = absl::InvalidArgumentError("extents overflow 2^64 bytes");
-    }
-    total += e.length;
-  });
-  RETURN_IF_ERROR(bad);
+    last = &it->second;
+    last_id = id;
+    return absl::OkStatus();
+  };
+  // Run by run: every piece lies within its run's cover.
+  uint64_t total = 0;
+  bool fits = true;
+  for (const Layout::Run& r : layout.runs()) {
+    RETURN_IF_ERROR(region(r.region));
+    uint64_t start = 0, end = 0, bytes = 0;
+    fits = fits && r.piece > 0 && layout.Cover(r, &start, &end) &&
+           InBounds(start, end - start, last->info.size) &&
+           !__builtin_mul_overflow(r.piece, r.count, &bytes) &&
+           !__builtin_add_overflow(total, bytes, &total);
+  }
+  if (!fits) {
+    // Which piece does not: piece by piece.
+    absl::Status bad;
+    layout.ForEach([&](const Extent& e) {
+      if (!bad.ok()) return;
+      if (absl::Status s = region(e.region); !s.ok()) {
+        bad = s;
+      } else if (e.length == 0 || !InBounds(e.offset, e.length, last->info.size)) {
+        bad = absl::InvalidArgumentError(absl::StrCat("extent [", e.offset, ", +", e.length,
+                                                      ") is empty or outside region ", e.region,
+                                                      " of ", last->info.size, " bytes"));
+      }
+    });
+    return bad.ok() ? absl::InvalidArgumentError("extents overflow 2^64 bytes") : bad;
+  }
   // Pieces of one destination must not overlap: the bytes of two would race.
   if (!Disjoint(layout)) return absl::InvalidArgumentError("destination extents overlap");
   return total;

@@ -31,7 +31,8 @@ struct PullHandle::State {
   std::string fallback;     // why the pull left the path it tried first
   std::unique_ptr<Node::PullInFlight> in_flight;
   uint64_t log_id = 0;  // in the node's PullLog
-  // Where the bytes go, over this node's regions; the new buffer of a pull into one.
+  // Where the bytes go, over this node's regions, one by one; the new buffer of a pull into
+  // one. A pull into a layout on the rdma path needs only the layout (spec.into): empty then.
   std::vector<Extent> local;
   uint64_t size = 0;
   std::optional<uint64_t> new_region;
@@ -303,15 +304,16 @@ absl::StatusOr<Node::Windows> Node::OpenWindows(const Layout& local) {
     RegionDescriptor descriptor;  // for memory off the rails
   };
   std::map<uint64_t, Span> spans;
-  std::vector<std::pair<uint64_t, uint64_t>> covers;  // each run's
+  std::vector<std::pair<uint64_t, uint64_t>> covers;  // each run's (checked before)
   covers.reserve(local.runs().size());
   {
     absl::ReaderMutexLock lock(&mu_);
     for (const Layout::Run& r : local.runs()) {
-      covers.push_back(local.Cover(r));
+      auto& [start, end] = covers.emplace_back();
+      local.Cover(r, &start, &end);
       Span& s = spans[r.region];
-      s.start = std::min(s.start, covers.back().first);
-      s.end = std::max(s.end, covers.back().second);
+      s.start = std::min(s.start, start);
+      s.end = std::max(s.end, end);
     }
     for (auto& [region, s] : spans) {
       auto it = regions_.find(region);
@@ -668,7 +670,6 @@ absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePullUncounted(
       return TooLarge(
           absl::StrCat(spec.into.pieces(), " extents; the limit is ", options_.max_extents));
     }
-    st->local = spec.into.Expand();
     absl::ReaderMutexLock lock(&mu_);
     ASSIGN_OR_RETURN(st->size, CheckDestination(spec.into));
   }
@@ -677,15 +678,22 @@ absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePullUncounted(
   // refuses (kNotOnRails) and the pull goes again on the staged path.
   bool local_on_rails = true, local_ipc = true, local_host = true;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    std::vector<uint64_t> regions;  // each once
     std::set<uint64_t> seen;
-    const Extent* last = nullptr;
-    for (const Extent& e : st->local) {
-      const bool again = last != nullptr && last->region == e.region;
-      last = &e;
-      if (again || !seen.insert(e.region).second) continue;
-      auto it = regions_.find(e.region);
-      if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", e.region));
+    auto add = [&](uint64_t region) {
+      if ((regions.empty() || regions.back() != region) && seen.insert(region).second) {
+        regions.push_back(region);
+      }
+    };
+    if (st->local.empty()) {
+      for (const Layout::Run& r : spec.into.runs()) add(r.region);
+    } else {
+      for (const Extent& e : st->local) add(e.region);
+    }
+    absl::ReaderMutexLock lock(&mu_);
+    for (uint64_t region : regions) {
+      auto it = regions_.find(region);
+      if (it == regions_.end()) return absl::NotFoundError(absl::StrCat("no region ", region));
       const Region& r = it->second;
       local_on_rails = local_on_rails && r.engine_id != 0;
       local_host = local_host && !IsCuda(r.info.device);
@@ -715,6 +723,7 @@ absl::StatusOr<std::shared_ptr<PullHandle::State>> Node::PreparePullUncounted(
 }
 
 absl::Status Node::BuildRequest(PullHandle::State& st) {
+  if (st.path != PullPath::kRdma && st.local.empty()) st.local = st.spec.into.Expand();
   wire::PullRequest& req = st.request;
   req = wire::PullRequest();
   req.object = st.spec.object;

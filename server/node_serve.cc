@@ -589,14 +589,19 @@ absl::Status Node::SourceOfLocked(RdmaPull& rdma, engine::TransferRequest& t) {
   t.src.reserve(rdma.source.size());
   rdma.gpu = std::any_of(t.dst_regions.begin(), t.dst_regions.end(),
                          [](const RegionDescriptor& d) { return d.device.is_cuda(); });
+  const Region* r = nullptr;  // the region of the extent before
+  uint64_t region = 0;
   for (const Extent& e : rdma.source) {
-    const Region& r = regions_.at(e.region);
-    rdma.gpu = rdma.gpu || r.info.device.is_cuda();
-    if (r.engine_id == 0) {
-      return Conflict(absl::StrCat("rdma: region ", e.region, " (", r.info.device.ToString(), ") ",
-                                   kNotOnRails, "; use the staged path"));
+    if (r == nullptr || region != e.region) {
+      r = &regions_.at(e.region);
+      region = e.region;
+      rdma.gpu = rdma.gpu || r->info.device.is_cuda();
+      if (r->engine_id == 0) {
+        return Conflict(absl::StrCat("rdma: region ", e.region, " (", r->info.device.ToString(),
+                                     ") ", kNotOnRails, "; use the staged path"));
+      }
     }
-    t.src.push_back({r.engine_id, e.offset, e.length});
+    t.src.push_back({r->engine_id, e.offset, e.length});
   }
   return absl::OkStatus();
 }
@@ -715,12 +720,22 @@ absl::StatusOr<Node::PullTarget> Node::ResolveTarget(const std::string& sender,
     auto it = peers_.find(sender);
     if (it != peers_.end()) peer = it->second;
   }
-  // `extents`: the pieces of `layout`, one by one.
+  // `extents`: the pieces of `layout`, one by one. Run by run first (every piece lies within
+  // its run's cover); piece by piece to name the one that is wrong.
   auto check = [&](const std::vector<RegionDescriptor>& regions, const std::vector<Extent>& extents,
                    const Layout& layout) -> absl::StatusOr<uint64_t> {
     if (extents.empty()) return absl::InvalidArgumentError("the destination has no pieces");
+    bool fits = true;
     uint64_t total = 0;
+    for (const Layout::Run& r : layout.runs()) {
+      uint64_t start = 0, end = 0, bytes = 0;
+      fits = fits && r.region < regions.size() && r.piece > 0 && layout.Cover(r, &start, &end) &&
+             InBounds(start, end - start, regions[r.region].length) &&
+             !__builtin_mul_overflow(r.piece, r.count, &bytes) &&
+             !__builtin_add_overflow(total, bytes, &total);
+    }
     for (const Extent& e : extents) {
+      if (fits) break;
       if (e.region >= regions.size()) {
         return absl::InvalidArgumentError(
             absl::StrCat("extent names region ", e.region, " of ", regions.size()));
@@ -730,10 +745,8 @@ absl::StatusOr<Node::PullTarget> Node::ResolveTarget(const std::string& sender,
             "destination extent [", e.offset, ", +", e.length,
             ") is empty or outside its region of ", regions[e.region].length, " bytes"));
       }
-      if (total + e.length < total)
-        return absl::InvalidArgumentError("extents overflow 2^64 bytes");
-      total += e.length;
     }
+    if (!fits) return absl::InvalidArgumentError("extents overflow 2^64 bytes");
     if (!Disjoint(layout)) return absl::InvalidArgumentError("destination extents overlap");
     return total;
   };

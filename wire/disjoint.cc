@@ -70,7 +70,8 @@ bool Disjoint(const Layout& layout) {
     if (r.count == 0 || r.piece == 0) continue;  // no bytes
     if (r.kind == Kind::kStrided && r.count > 1 && r.stride < r.piece) return false;
     if (r.kind == Kind::kPages && !DistinctIds(ids, r.first_page, r.count)) return false;
-    const auto [start, end] = layout.Cover(r);
+    uint64_t start = 0, end = 0;
+    layout.Cover(r, &start, &end);
     runs.push_back({r.region, start, end});
   }
   if (SortedApart(runs)) return true;

@@ -24,6 +24,7 @@
 #include "nlohmann/json.hpp"
 #include "server/node.h"
 #include "tests/testing/ferryd_process.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/subprocess.h"
 #include "wire/extents.h"
 #include "wire/messages.h"
@@ -798,16 +799,37 @@ TEST_F(FerrydTest, BadPullsGetTheirCodeAndTheNodesKeepServing) {
                         .length = 8192,
                         .offset_addressing = true,
                         .keys = {1, 2}};
-  auto direct = [&](std::vector<Extent> extents) {
+  auto direct = [&](const Layout& layout) {
     wire::PullRequest request;
     request.object = "obj";
     request.regions = {desc};
-    request.layout = Layout(extents);
+    request.layout = layout;
     return PeerCall(*a_, wire::MessageType::kPull, wire::Encode(request), b_address);
   };
-  EXPECT_PEER_ERROR(direct({{0, 0, 4096}, {0, 4000, 4096}}), absl::StatusCode::kInvalidArgument);
-  EXPECT_PEER_ERROR(direct({{0, 1, 8192}}), absl::StatusCode::kInvalidArgument);
-  EXPECT_PEER_ERROR(direct({{1, 0, 8192}}), absl::StatusCode::kInvalidArgument);
+  // The error the source answered with.
+  auto refusal = [](const absl::StatusOr<wire::Envelope>& answer) {
+    if (!answer.ok()) return answer.status();
+    if (answer->type != wire::MessageType::kError) return absl::UnknownError("not an error");
+    absl::Status s;
+    if (absl::Status d = wire::DecodeStatus(answer->body, &s); !d.ok()) return d;
+    return s;
+  };
+  using ::testing::HasSubstr;
+  const auto kBad = absl::StatusCode::kInvalidArgument;
+  EXPECT_THAT(refusal(direct(Layout({{0, 0, 4096}, {0, 4000, 4096}}))),
+              testing::StatusIs(kBad, HasSubstr("overlap")));
+  EXPECT_THAT(refusal(direct(Layout({{0, 1, 8192}}))),
+              testing::StatusIs(kBad, HasSubstr("[1, +8192) is empty or outside its region of 8192")));
+  EXPECT_THAT(refusal(direct(Layout({{1, 0, 8192}}))),
+              testing::StatusIs(kBad, HasSubstr("names region 1 of 1")));
+  // The compact forms, checked as such: a page named twice, strided pieces that overlap, a
+  // page past the window's end (the piece named).
+  EXPECT_THAT(refusal(direct(Layout().AddPages(0, 0, 1024, {1, 5, 1}))),
+              testing::StatusIs(kBad, HasSubstr("overlap")));
+  EXPECT_THAT(refusal(direct(Layout().AddStrided(0, 0, 1024, 512, 4))),
+              testing::StatusIs(kBad, HasSubstr("overlap")));
+  EXPECT_THAT(refusal(direct(Layout().AddPages(0, 0, 4096, {0, 2}))),
+              testing::StatusIs(kBad, HasSubstr("[8192, +4096) is empty or outside its region of 8192")));
   EXPECT_PEER_ERROR(PeerCall(*a_, wire::MessageType::kPull, "{", b_address),
                     absl::StatusCode::kInvalidArgument);
   auto garbage = ca.Post("/v1/peer", "not a message", wire::kMessageContentType);

@@ -115,6 +115,31 @@ TEST_P(PullsTest, RandomLayoutsInEveryFormArriveByteForByteOverTheFabric) {
   }
 }
 
+TEST_P(PullsTest, CompactDestinationsOutOfBoundsOrOverlappingAreRefusedBeforeAnyByteMoves) {
+  Buffer src(64 << 10, 4);
+  ASSERT_OK_AND_ASSIGN(uint64_t sr, a_->Register(src.data(), src.bytes.size()));
+  ASSERT_OK(a_->Publish("p", Layout({{sr, 0, 16384}})).status());
+  Buffer dst(16384, 0, /*fill=*/false);
+  ASSERT_OK_AND_ASSIGN(uint64_t dr, b_->Register(dst.data(), dst.bytes.size()));
+  using ::testing::HasSubstr;
+  const auto kBad = absl::StatusCode::kInvalidArgument;
+  // Page 4 of 4 KiB is past the region's 16 KiB: named.
+  EXPECT_THAT(PullInto("p", Layout().AddPages(dr, 0, 4096, {0, 4, 1, 2})),
+              StatusIs(kBad, HasSubstr("[16384, +4096) is empty or outside region")));
+  EXPECT_THAT(PullInto("p", Layout().AddPages(dr, 0, 4096, {0, 1, 1, 2})),
+              StatusIs(kBad, HasSubstr("overlap")));
+  EXPECT_THAT(PullInto("p", Layout().AddStrided(dr, 0, 8192, 4096, 2)),
+              StatusIs(kBad, HasSubstr("overlap")));
+  // An end past 2^64.
+  EXPECT_THAT(PullInto("p", Layout().AddStrided(dr, 0, 4096, uint64_t{1} << 63, 4)),
+              StatusIs(kBad, HasSubstr("outside region")));
+  EXPECT_TRUE(std::all_of(dst.bytes.begin(), dst.bytes.end(), [](char c) { return c == 0; }));
+  // Two page tables over one pool, apart: the bytes arrive.
+  const Layout apart = Layout().AddPages(dr, 0, 4096, {3, 1}).AddPages(dr, 0, 4096, {0, 2});
+  ASSERT_OK(PullInto("p", apart).status());
+  EXPECT_TRUE(Gather(apart, dst.data()) == std::string(src.data(), 16384));
+}
+
 TEST_P(PullsTest, PartsOfAnObjectAtTheEdgesAndBadPartsGetTheirCodes) {
   Buffer src(1 << 20, 5);
   ASSERT_OK_AND_ASSIGN(uint64_t sr, a_->Register(src.data(), src.bytes.size()));

@@ -67,25 +67,32 @@ class Layout {
   const std::vector<Run>& runs() const { return runs_; }
   const std::vector<uint32_t>& page_ids() const { return page_ids_; }
 
-  // The bytes of its region `r` (a run of this layout) reaches over: from its lowest piece's
-  // first byte to past its highest piece's last; {offset, offset} for a run of no pieces.
-  std::pair<uint64_t, uint64_t> Cover(const Run& r) const {
+  // The bytes of its region run `r` (of this layout) reaches over: [*start, *end) from its
+  // lowest piece's first byte to past its highest piece's last ({offset, offset} for a run of
+  // no pieces). False when that end is past 2^64.
+  bool Cover(const Run& r, uint64_t* start, uint64_t* end) const {
+    *start = *end = r.offset;
+    if (r.count == 0) return true;
+    uint64_t low = 0, high = 0;  // the lowest piece's index, the highest's
     switch (r.kind) {
       case Run::Kind::kExtent:
-        return {r.offset, r.offset + r.piece};
+        break;
       case Run::Kind::kStrided:
-        return {r.offset, r.count == 0 ? r.offset : r.offset + (r.count - 1) * r.stride + r.piece};
-      case Run::Kind::kPages: {
-        if (r.count == 0) return {r.offset, r.offset};
-        uint32_t low = UINT32_MAX, high = 0;
+        high = r.count - 1;
+        break;
+      case Run::Kind::kPages:
+        low = UINT32_MAX;
         for (uint64_t i = r.first_page; i < r.first_page + r.count; ++i) {
           low = page_ids_[i] < low ? page_ids_[i] : low;
           high = page_ids_[i] > high ? page_ids_[i] : high;
         }
-        return {r.offset + uint64_t{low} * r.piece, r.offset + (uint64_t{high} + 1) * r.piece};
-      }
+        break;
     }
-    return {r.offset, r.offset};
+    const uint64_t step = r.kind == Run::Kind::kStrided ? r.stride : r.piece;
+    uint64_t first = 0, last = 0;
+    return !__builtin_mul_overflow(low, step, &first) && !__builtin_mul_overflow(high, step, &last) &&
+           !__builtin_add_overflow(r.offset, first, start) &&
+           !__builtin_add_overflow(r.offset, last, end) && !__builtin_add_overflow(*end, r.piece, end);
   }
 
   // Calls f(Extent) for every piece, in order.
