@@ -48,7 +48,7 @@ struct Node::Windows {
 struct Node::Prepared {
   uint64_t handle = 0;
   std::atomic<uint64_t> epoch{1};
-  Layout layout;              // as given
+  Layout layout;               // as given
   std::vector<Extent> pieces;  // the layout's, one by one
   uint64_t size = 0;
   std::vector<uint64_t> regions;

@@ -818,8 +818,9 @@ TEST_F(FerrydTest, BadPullsGetTheirCodeAndTheNodesKeepServing) {
   const auto kBad = absl::StatusCode::kInvalidArgument;
   EXPECT_THAT(refusal(direct(Layout({{0, 0, 4096}, {0, 4000, 4096}}))),
               testing::StatusIs(kBad, HasSubstr("overlap")));
-  EXPECT_THAT(refusal(direct(Layout({{0, 1, 8192}}))),
-              testing::StatusIs(kBad, HasSubstr("[1, +8192) is empty or outside its region of 8192")));
+  EXPECT_THAT(
+      refusal(direct(Layout({{0, 1, 8192}}))),
+      testing::StatusIs(kBad, HasSubstr("[1, +8192) is empty or outside its region of 8192")));
   EXPECT_THAT(refusal(direct(Layout({{1, 0, 8192}}))),
               testing::StatusIs(kBad, HasSubstr("names region 1 of 1")));
   // The compact forms, checked as such: a page named twice, strided pieces that overlap, a
@@ -828,8 +829,9 @@ TEST_F(FerrydTest, BadPullsGetTheirCodeAndTheNodesKeepServing) {
               testing::StatusIs(kBad, HasSubstr("overlap")));
   EXPECT_THAT(refusal(direct(Layout().AddStrided(0, 0, 1024, 512, 4))),
               testing::StatusIs(kBad, HasSubstr("overlap")));
-  EXPECT_THAT(refusal(direct(Layout().AddPages(0, 0, 4096, {0, 2}))),
-              testing::StatusIs(kBad, HasSubstr("[8192, +4096) is empty or outside its region of 8192")));
+  EXPECT_THAT(
+      refusal(direct(Layout().AddPages(0, 0, 4096, {0, 2}))),
+      testing::StatusIs(kBad, HasSubstr("[8192, +4096) is empty or outside its region of 8192")));
   EXPECT_PEER_ERROR(PeerCall(*a_, wire::MessageType::kPull, "{", b_address),
                     absl::StatusCode::kInvalidArgument);
   auto garbage = ca.Post("/v1/peer", "not a message", wire::kMessageContentType);

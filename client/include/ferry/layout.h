@@ -90,9 +90,11 @@ class Layout {
     }
     const uint64_t step = r.kind == Run::Kind::kStrided ? r.stride : r.piece;
     uint64_t first = 0, last = 0;
-    return !__builtin_mul_overflow(low, step, &first) && !__builtin_mul_overflow(high, step, &last) &&
+    return !__builtin_mul_overflow(low, step, &first) &&
+           !__builtin_mul_overflow(high, step, &last) &&
            !__builtin_add_overflow(r.offset, first, start) &&
-           !__builtin_add_overflow(r.offset, last, end) && !__builtin_add_overflow(*end, r.piece, end);
+           !__builtin_add_overflow(r.offset, last, end) &&
+           !__builtin_add_overflow(*end, r.piece, end);
   }
 
   // Calls f(Extent) for every piece, in order.
