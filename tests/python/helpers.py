@@ -165,16 +165,17 @@ def wait_until(condition, what: str, seconds: float = 30):
 class HeldPull:
     """A pull from `source` into a region of `dest`, held in flight: the source is stopped once
     the destination counts the pull (it sent the request: the session exists, the layout
-    needs no question), and goes on when `release` is called."""
+    needs no question), and goes on when `release` is called. The first contact before it
+    publishes the object on `dest` as `warm`."""
 
-    def __init__(self, source, dest, size: int, token: str = ""):
+    def __init__(self, source, dest, size: int, token: str = "", warm: str = "warm"):
         self.source = source
         status, _, region = call(dest.url + "/v1/regions", "POST", {"size": size}, auth(token))
         assert status == 201, region
         # First contact, so that the held pull asks nothing of the source before it goes.
         status, _, _ = call(dest.url + "/v1/pulls", "POST",
                             {"from": source.url, "object": "w", "into": {"device": "host"},
-                             "as": "warm"}, auth(token))
+                             "as": warm}, auth(token))
         assert status == 200
         stop_process(source.proc.pid)
         self.result = None
