@@ -707,18 +707,12 @@ absl::StatusOr<uint64_t> Node::CheckDestination(const Layout& layout) const {
     last_id = id;
     return absl::OkStatus();
   };
-  // Run by run: every piece lies within its run's cover.
-  uint64_t total = 0;
-  bool fits = true;
-  for (const Layout::Run& r : layout.runs()) {
-    RETURN_IF_ERROR(region(r.region));
-    uint64_t start = 0, end = 0, bytes = 0;
-    fits = fits && r.piece > 0 && layout.Cover(r, &start, &end) &&
-           InBounds(start, end - start, last->info.size) &&
-           !__builtin_mul_overflow(r.piece, r.count, &bytes) &&
-           !__builtin_add_overflow(total, bytes, &total);
-  }
-  if (!fits) {
+  const std::optional<uint64_t> total =
+      WithinRegions(layout, [&](uint64_t id) -> std::optional<uint64_t> {
+        if (!region(id).ok()) return std::nullopt;
+        return last->info.size;
+      });
+  if (!total) {
     // Which piece does not: piece by piece.
     absl::Status bad;
     layout.ForEach([&](const Extent& e) {
@@ -735,7 +729,7 @@ absl::StatusOr<uint64_t> Node::CheckDestination(const Layout& layout) const {
   }
   // Pieces of one destination must not overlap: the bytes of two would race.
   if (!Disjoint(layout)) return absl::InvalidArgumentError("destination extents overlap");
-  return total;
+  return *total;
 }
 
 absl::StatusOr<uint64_t> Node::PrepareDestination(const Layout& layout) {

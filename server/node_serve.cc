@@ -720,22 +720,17 @@ absl::StatusOr<Node::PullTarget> Node::ResolveTarget(const std::string& sender,
     auto it = peers_.find(sender);
     if (it != peers_.end()) peer = it->second;
   }
-  // `extents`: the pieces of `layout`, one by one. Run by run first (every piece lies within
-  // its run's cover); piece by piece to name the one that is wrong.
+  // `extents`: the pieces of `layout`, one by one, walked to name the wrong one.
   auto check = [&](const std::vector<RegionDescriptor>& regions, const std::vector<Extent>& extents,
                    const Layout& layout) -> absl::StatusOr<uint64_t> {
     if (extents.empty()) return absl::InvalidArgumentError("the destination has no pieces");
-    bool fits = true;
-    uint64_t total = 0;
-    for (const Layout::Run& r : layout.runs()) {
-      uint64_t start = 0, end = 0, bytes = 0;
-      fits = fits && r.region < regions.size() && r.piece > 0 && layout.Cover(r, &start, &end) &&
-             InBounds(start, end - start, regions[r.region].length) &&
-             !__builtin_mul_overflow(r.piece, r.count, &bytes) &&
-             !__builtin_add_overflow(total, bytes, &total);
-    }
+    const std::optional<uint64_t> total =
+        WithinRegions(layout, [&](uint64_t r) -> std::optional<uint64_t> {
+          if (r >= regions.size()) return std::nullopt;
+          return regions[r].length;
+        });
     for (const Extent& e : extents) {
-      if (fits) break;
+      if (total) break;
       if (e.region >= regions.size()) {
         return absl::InvalidArgumentError(
             absl::StrCat("extent names region ", e.region, " of ", regions.size()));
@@ -746,9 +741,9 @@ absl::StatusOr<Node::PullTarget> Node::ResolveTarget(const std::string& sender,
             ") is empty or outside its region of ", regions[e.region].length, " bytes"));
       }
     }
-    if (!fits) return absl::InvalidArgumentError("extents overflow 2^64 bytes");
+    if (!total) return absl::InvalidArgumentError("extents overflow 2^64 bytes");
     if (!Disjoint(layout)) return absl::InvalidArgumentError("destination extents overlap");
-    return total;
+    return *total;
   };
   uint64_t total = 0;
   if (req.prepared != 0) {

@@ -84,4 +84,19 @@ bool Disjoint(const Layout& layout) {
   return SortedApart(pieces);
 }
 
+std::optional<uint64_t> WithinRegions(
+    const Layout& layout, absl::FunctionRef<std::optional<uint64_t>(uint64_t region)> length) {
+  uint64_t total = 0;
+  for (const Layout::Run& r : layout.runs()) {
+    const std::optional<uint64_t> size = length(r.region);
+    uint64_t start = 0, end = 0, bytes = 0;
+    if (!size || r.piece == 0 || !layout.Cover(r, &start, &end) ||
+        !InBounds(start, end - start, *size) || __builtin_mul_overflow(r.piece, r.count, &bytes) ||
+        __builtin_add_overflow(total, bytes, &total)) {
+      return std::nullopt;
+    }
+  }
+  return total;
+}
+
 }  // namespace ferry

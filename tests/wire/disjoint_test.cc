@@ -75,5 +75,33 @@ TEST(DisjointTest, AgreesWithEveryByteCountedOnRandomLayouts) {
   }
 }
 
+// Regions 1 (4096 bytes) and 2 (100); no other.
+std::optional<uint64_t> Length(uint64_t region) {
+  if (region == 1) return 4096;
+  if (region == 2) return 100;
+  return std::nullopt;
+}
+
+TEST(WithinRegionsTest, SumsTheBytesOfRunsInsideTheirRegions) {
+  EXPECT_EQ(WithinRegions(Layout({{1, 0, 4096}, {2, 99, 1}}), Length), 4097u);
+  EXPECT_EQ(WithinRegions(Layout().AddStrided(1, 64, 64, 128, 31), Length), 64u * 31);
+  EXPECT_EQ(WithinRegions(Layout().AddPages(1, 1024, 1024, {2, 0, 1}), Length), 3072u);
+}
+
+TEST(WithinRegionsTest, AnyRunOutsideItsRegionOrEmptyOrOverflowingIsRefused) {
+  EXPECT_EQ(WithinRegions(Layout({{1, 0, 10}, {3, 0, 1}}), Length), std::nullopt);  // no region 3
+  EXPECT_EQ(WithinRegions(Layout({{2, 1, 100}}), Length), std::nullopt);            // one past
+  EXPECT_EQ(WithinRegions(Layout({{1, 0, 0}}), Length), std::nullopt);              // empty
+  // The last row of the stride ends one byte past the region; a page id one past the pool.
+  EXPECT_EQ(WithinRegions(Layout().AddStrided(1, 65, 64, 128, 32), Length), std::nullopt);
+  EXPECT_EQ(WithinRegions(Layout().AddPages(1, 1024, 1024, {3}), Length), std::nullopt);
+  // A cover past 2^64.
+  const auto huge = [](uint64_t) -> std::optional<uint64_t> { return UINT64_MAX; };
+  EXPECT_EQ(WithinRegions(Layout().AddStrided(1, 0, 1, uint64_t{1} << 63, 3), huge), std::nullopt);
+  // Pieces that each fit but whose sum does not.
+  EXPECT_EQ(WithinRegions(Layout({{1, 0, uint64_t{1} << 63}, {2, 0, uint64_t{1} << 63}}), huge),
+            std::nullopt);
+}
+
 }  // namespace
 }  // namespace ferry
