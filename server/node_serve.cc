@@ -45,7 +45,7 @@ struct Node::RdmaPull {
   PeerAddress from;
   wire::PullRequest request;
   std::shared_ptr<const metadata::ObjectRecord> object;
-  std::vector<Extent> source;
+  std::shared_ptr<const std::vector<Extent>> source;  // its pieces the pull writes
   uint64_t size = 0;
   absl::Time deadline;
   int attempts = 0;
@@ -88,11 +88,14 @@ absl::Status Detached(const std::string& object) {
 
 uint64_t Chunks(uint64_t size, uint64_t chunk) { return (size + chunk - 1) / chunk; }
 
-// The extents (over this node's regions) of `part` of an object laid out as `extents`.
-absl::StatusOr<std::vector<Extent>> PartOf(const std::vector<Extent>& extents, uint64_t size,
-                                           const wire::ObjectPart& part) {
-  if (part.whole()) return extents;
-  std::vector<Extent> out;
+// The extents (over this node's regions) of `part` of `object`: its own list, not a copy,
+// when the part is the whole.
+absl::StatusOr<std::shared_ptr<const std::vector<Extent>>> PartOf(
+    const std::shared_ptr<const metadata::ObjectRecord>& object, const wire::ObjectPart& part) {
+  if (part.whole()) return std::shared_ptr<const std::vector<Extent>>(object, &object->extents);
+  const std::vector<Extent>& extents = object->extents;
+  const uint64_t size = object->size;
+  auto out = std::make_shared<std::vector<Extent>>();
   if (part.has_range) {
     if (part.length == 0 || !InBounds(part.offset, part.length, size)) {
       return absl::OutOfRangeError(absl::StrCat("bytes [", part.offset, ", +", part.length,
@@ -107,20 +110,20 @@ absl::StatusOr<std::vector<Extent>> PartOf(const std::vector<Extent>& extents, u
       }
       const uint64_t skip = offset - pos;
       const uint64_t n = std::min(e.length - skip, length);
-      out.push_back({e.region, e.offset + skip, n});
+      out->push_back({e.region, e.offset + skip, n});
       offset += n;
       length -= n;
       pos += e.length;
     }
     return out;
   }
-  out.reserve(part.extents.size());
+  out->reserve(part.extents.size());
   for (uint32_t i : part.extents) {
     if (i >= extents.size()) {
       return absl::OutOfRangeError(
           absl::StrCat("extent ", i, " of an object of ", extents.size(), " extents"));
     }
-    out.push_back(extents[i]);
+    out->push_back(extents[i]);
   }
   return out;
 }
@@ -403,11 +406,10 @@ absl::StatusOr<ObjectInfo> Node::ServeStat(const wire::StatRequest& request) {
     if (auto in = FindIncoming(request.object, request.version)) record = IncomingRecord(*in);
   }
   RETURN_IF_ERROR(record.status());
-  ASSIGN_OR_RETURN(std::vector<Extent> part,
-                   PartOf((*record)->extents, (*record)->size, request.part));
+  ASSIGN_OR_RETURN(auto part, PartOf(*record, request.part));
   absl::ReaderMutexLock lock(&mu_);
   ObjectInfo info = View(**record, /*with_extents=*/false);
-  info.size = Bytes(part);
+  info.size = request.part.whole() ? (*record)->size : Bytes(*part);
   return info;
 }
 
@@ -535,8 +537,8 @@ absl::Status Node::ServePullNow(const std::shared_ptr<ServedCall>& call) {
     }
     ASSIGN_OR_RETURN(object, got);
   }
-  ASSIGN_OR_RETURN(std::vector<Extent> source, PartOf(object->extents, object->size, req.part));
-  const uint64_t size = Bytes(source);
+  ASSIGN_OR_RETURN(std::shared_ptr<const std::vector<Extent>> source, PartOf(object, req.part));
+  const uint64_t size = req.part.whole() ? object->size : Bytes(*source);
   if (!resolved) {  // else SubmitRdma checks it (without waiting for mu_)
     absl::ReaderMutexLock lock(&mu_);
     if (!Attached(*object)) return Detached(req.object);
@@ -548,7 +550,7 @@ absl::Status Node::ServePullNow(const std::shared_ptr<ServedCall>& call) {
   };
   if (path == PullPath::kCudaIpc) {
     ASSIGN_OR_RETURN(PullTarget target, ResolveTarget(from.node, req, size));
-    ASSIGN_OR_RETURN(PullStats s, ServeIpc(*object, source, target));
+    ASSIGN_OR_RETURN(PullStats s, ServeIpc(*object, *source, target));
     finish(stats_of(std::move(s)));
     return absl::OkStatus();
   }
@@ -560,7 +562,7 @@ absl::Status Node::ServePullNow(const std::shared_ptr<ServedCall>& call) {
   }
   if (path == PullPath::kStaged) {
     if (!req.staged) return absl::InvalidArgumentError("the staged path needs a staging ring");
-    auto s = ServeStaged(*object, source, peer, req.staging, call->deadline);
+    auto s = ServeStaged(*object, *source, peer, req.staging, call->deadline);
     if (absl::IsUnavailable(s.status())) ForgetPeer(from.node, peer);
     RETURN_IF_ERROR(s.status());
     finish(stats_of(*std::move(s)));
@@ -586,12 +588,12 @@ absl::Status Node::SourceOfLocked(RdmaPull& rdma, engine::TransferRequest& t) {
     return rdma.attempts > 1 ? Conflict("the object's regions went during the pull")
                              : Detached(rdma.object->name);
   }
-  t.src.reserve(rdma.source.size());
+  t.src.reserve(rdma.source->size());
   rdma.gpu = std::any_of(t.dst_regions.begin(), t.dst_regions.end(),
                          [](const RegionDescriptor& d) { return d.device.is_cuda(); });
   const Region* r = nullptr;  // the region of the extent before
   uint64_t region = 0;
-  for (const Extent& e : rdma.source) {
+  for (const Extent& e : *rdma.source) {
     if (r == nullptr || region != e.region) {
       r = &regions_.at(e.region);
       region = e.region;
