@@ -1,5 +1,8 @@
 #include "wire/messages.h"
 
+#include <algorithm>
+#include <bit>
+#include <cstring>
 #include <limits>
 
 #include "absl/base/casts.h"
@@ -22,16 +25,27 @@ absl::Status Done(const ByteReader& in, std::string_view what) {
   return absl::OkStatus();
 }
 
+// A u32 count, then the values; on a little-endian host they are the array's own bytes.
 void EncodeU32s(const std::vector<uint32_t>& v, ByteWriter& out) {
   out.U32(static_cast<uint32_t>(v.size()));
-  for (uint32_t x : v) out.U32(x);
+  if constexpr (std::endian::native == std::endian::little) {
+    if (!v.empty()) out.Raw({reinterpret_cast<const char*>(v.data()), v.size() * sizeof(v[0])});
+  } else {
+    for (uint32_t x : v) out.U32(x);
+  }
 }
 
 bool DecodeU32s(ByteReader& in, std::vector<uint32_t>* v, uint64_t max) {
   uint32_t n = 0;
   if (!in.U32(&n) || n > max || n > in.left() / 4) return false;
   v->resize(n);
-  for (uint32_t& x : *v) in.U32(&x);
+  if constexpr (std::endian::native == std::endian::little) {
+    std::string_view raw;
+    in.Raw(size_t{n} * sizeof(uint32_t), &raw);
+    if (n > 0) std::memcpy(v->data(), raw.data(), raw.size());
+  } else {
+    for (uint32_t& x : *v) in.U32(&x);
+  }
   return true;
 }
 
@@ -297,11 +311,11 @@ absl::Status Decode(ByteReader& in, Layout* l, uint64_t max_pieces) {
         std::vector<uint32_t> ids(pages.begin() + static_cast<ptrdiff_t>(page),
                                   pages.begin() + static_cast<ptrdiff_t>(page + count));
         page += count;
-        for (uint32_t id : ids) {
-          uint64_t end = 0;
-          if (!MulAdd(id, r.piece, r.offset, &end) || end + r.piece < end) {
-            return absl::InvalidArgumentError("layout: a page overflows 2^64");
-          }
+        // The highest page ends last.
+        uint64_t end = 0;
+        if (!MulAdd(*std::max_element(ids.begin(), ids.end()), r.piece, r.offset, &end) ||
+            end + r.piece < end) {
+          return absl::InvalidArgumentError("layout: a page overflows 2^64");
         }
         out.AddPages(r.region, r.offset, r.piece, ids);
         break;
