@@ -409,7 +409,7 @@ absl::StatusOr<ObjectInfo> Node::ServeStat(const wire::StatRequest& request) {
   ASSIGN_OR_RETURN(auto part, PartOf(*record, request.part));
   absl::ReaderMutexLock lock(&mu_);
   ObjectInfo info = View(**record, /*with_extents=*/false);
-  info.size = request.part.whole() ? (*record)->size : Bytes(*part);
+  info.size = Bytes(*part);
   return info;
 }
 
@@ -538,7 +538,7 @@ absl::Status Node::ServePullNow(const std::shared_ptr<ServedCall>& call) {
     ASSIGN_OR_RETURN(object, got);
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const std::vector<Extent>> source, PartOf(object, req.part));
-  const uint64_t size = req.part.whole() ? object->size : Bytes(*source);
+  const uint64_t size = Bytes(*source);
   if (!resolved) {  // else SubmitRdma checks it (without waiting for mu_)
     absl::ReaderMutexLock lock(&mu_);
     if (!Attached(*object)) return Detached(req.object);
@@ -731,19 +731,20 @@ absl::StatusOr<Node::PullTarget> Node::ResolveTarget(const std::string& sender,
           if (r >= regions.size()) return std::nullopt;
           return regions[r].length;
         });
-    for (const Extent& e : extents) {
-      if (total) break;
-      if (e.region >= regions.size()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("extent names region ", e.region, " of ", regions.size()));
+    if (!total) {
+      for (const Extent& e : extents) {
+        if (e.region >= regions.size()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("extent names region ", e.region, " of ", regions.size()));
+        }
+        if (e.length == 0 || !InBounds(e.offset, e.length, regions[e.region].length)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "destination extent [", e.offset, ", +", e.length,
+              ") is empty or outside its region of ", regions[e.region].length, " bytes"));
+        }
       }
-      if (e.length == 0 || !InBounds(e.offset, e.length, regions[e.region].length)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "destination extent [", e.offset, ", +", e.length,
-            ") is empty or outside its region of ", regions[e.region].length, " bytes"));
-      }
+      return absl::InvalidArgumentError("extents overflow 2^64 bytes");
     }
-    if (!total) return absl::InvalidArgumentError("extents overflow 2^64 bytes");
     if (!Disjoint(layout)) return absl::InvalidArgumentError("destination extents overlap");
     return *total;
   };
