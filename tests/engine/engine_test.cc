@@ -865,8 +865,9 @@ TEST(EngineIdleTest, IdleEngineUsesNoCpuAndAnAwakeOneSpinsOnlyWhenAsked) {
       AwakeToken awake = engine->KeepAwake();
       const ProgressCounters p = ProgressOver(*engine, absl::Seconds(1));
       if (c.spin) {
+        // (How many passes it makes depends on the machine's load: it yields between them.)
         EXPECT_EQ(p.waits, 0u) << "an awake engine polls without pausing, " << what;
-        EXPECT_GT(p.passes, 1000u) << what;
+        EXPECT_GT(p.passes, asleep) << what;
       } else {
         EXPECT_GT(p.waits, 0u) << "an awake engine with no data waiting naps, " << what;
         // Nothing arrives, so each nap is twice the last, up to 500 us: a few thousand passes
