@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -21,6 +22,14 @@ namespace ferry::server {
 // How a source says that the destination's prepared destination is unknown to it at that
 // epoch (kAborted): the destination sends it again, defined.
 inline constexpr char kStalePrepared[] = "prepared destination unknown at this epoch";
+// A source's answer to a layout named by a number it does not know (kAborted).
+inline constexpr char kStaleLayout[] = "layout unknown";
+// Layouts named by number between two nodes (wire::PullRequest::layout_ref): those of at least
+// kNamedLayoutWeight runs and page ids (a smaller one costs less to send than to look up). A
+// destination keeps the kNamedLayouts it used last with each source, a source twice as many
+// of each destination's.
+inline constexpr size_t kNamedLayoutWeight = 256;
+inline constexpr size_t kNamedLayouts = 8;
 
 // Destination side: what this node knows of another node, from first contact on. A peer that
 // restarts has a new id: a failed call drops the session and the next contact makes a new one.
@@ -31,6 +40,19 @@ struct Node::Session {
   PeerTransport* transport = nullptr;
   absl::Mutex mu;
   std::map<uint64_t, uint64_t> shown ABSL_GUARDED_BY(mu);  // prepared handle -> epoch it knows
+  // Puts `layout` (over this pull's windows) into `req`: a large one by its number once the
+  // source knows it, with it until then.
+  void PutLayout(Layout layout, wire::PullRequest& req);
+  // The source has answered a pull that defined layout `ref` (true), or does not know it.
+  void LayoutKnown(uint64_t ref, bool known);
+  // Layouts named by number with it, the one used last first; `known`: see LayoutKnown.
+  struct Named {
+    uint64_t ref = 0;
+    Layout layout;
+    bool known = false;
+  };
+  std::list<Named> layouts ABSL_GUARDED_BY(mu);
+  uint64_t next_layout ABSL_GUARDED_BY(mu) = 1;
 };
 
 // Windows a destination opened: one per region it writes into, over the span its pieces

@@ -116,6 +116,32 @@ std::string_view RequestName(wire::MessageType type) {
 
 }  // namespace
 
+void Node::Session::PutLayout(Layout layout, wire::PullRequest& req) {
+  if (layout.runs().size() + layout.page_ids().size() < kNamedLayoutWeight) {
+    req.layout = std::move(layout);
+    return;
+  }
+  absl::MutexLock lock(&mu);
+  auto it = std::find_if(layouts.begin(), layouts.end(),
+                         [&](const Named& n) { return n.layout == layout; });
+  if (it != layouts.end()) {
+    layouts.splice(layouts.begin(), layouts, it);
+  } else {
+    if (layouts.size() >= kNamedLayouts) layouts.pop_back();
+    layouts.push_front({next_layout++, layout, false});
+  }
+  req.layout_ref = layouts.front().ref;
+  req.defines_layout = !layouts.front().known;
+  if (req.defines_layout) req.layout = std::move(layout);
+}
+
+void Node::Session::LayoutKnown(uint64_t ref, bool known) {
+  absl::MutexLock lock(&mu);
+  for (Named& n : layouts) {
+    if (n.ref == ref) n.known = known;
+  }
+}
+
 // --- Sessions and calls. ---
 
 absl::StatusOr<std::shared_ptr<Node::Session>> Node::SessionFor(const std::string& url,
@@ -765,7 +791,7 @@ absl::Status Node::BuildRequest(PullHandle::State& st) {
           }
         }
         req.regions = st.windows.descriptors;
-        req.layout = std::move(st.windows.layout);
+        st.session->PutLayout(std::move(st.windows.layout), req);
       }
       return absl::OkStatus();
     case PullPath::kCudaIpc: {
@@ -966,13 +992,18 @@ bool Node::RetryPull(const std::shared_ptr<PullHandle::State>& st) {
   }
   if (stats.ok() || st->attempts >= 3 || absl::Now() >= st->deadline) return false;
   const absl::Status& s = stats.status();
-  if (st->prepared && s.code() == absl::StatusCode::kAborted &&
-      absl::StrContains(s.message(), kStalePrepared)) {
+  const bool aborted = s.code() == absl::StatusCode::kAborted;
+  if (st->prepared && aborted && absl::StrContains(s.message(), kStalePrepared)) {
     // The source did not know this epoch of the prepared destination: defined again, once.
     {
       absl::MutexLock lock(&st->session->mu);
       st->session->shown.erase(st->prepared->handle);
     }
+  } else if (st->request.layout_ref != 0 && !st->request.defines_layout && aborted &&
+             absl::StrContains(s.message(), kStaleLayout)) {
+    // The source forgot the layout's number (or never had it): the layout goes again.
+    st->session->LayoutKnown(st->request.layout_ref, false);
+    StopPull(*st, /*wait=*/true);
   } else if (st->optimistic && absl::StrContains(s.message(), kNotOnRails)) {
     st->optimistic = false;
     StopPull(*st, /*wait=*/true);
@@ -1053,11 +1084,12 @@ absl::StatusOr<PullStats> Node::FinishPull(PullHandle::State& st, bool cancelled
     st.ring.reset();
   }
   if (stats.ok()) {
+    // The source keeps what this request defined: later pulls name it alone.
     if (st.prepared && st.request.defines_prepared) {
-      // The source keeps what this request defined: later pulls name it by handle alone.
       absl::MutexLock lock(&st.session->mu);
       st.session->shown[st.request.prepared] = st.request.prepared_epoch;
     }
+    if (st.request.defines_layout) st.session->LayoutKnown(st.request.layout_ref, true);
     stats->via = std::string(st.session->transport->name());
     stats->fallback = st.fallback;
     // Staged bytes are in place only once this side has copied the last chunk in.

@@ -35,8 +35,18 @@ struct Node::Peer {
     std::shared_ptr<const std::vector<RegionDescriptor>> regions;
     std::vector<Extent> pieces;  // over `regions`, disjoint, in the destination's order
   };
+  // A layout it names by number (wire::PullRequest::layout_ref): its pieces over the windows
+  // of each pull, and how far into each window they reach.
+  struct Named {
+    std::vector<Extent> pieces;
+    std::vector<uint64_t> reach;  // per window, the end of its furthest piece
+    uint64_t bytes = 0;
+    uint64_t used = 0;  // when last named (a tick of `uses`)
+  };
   absl::Mutex mu;
   std::map<uint64_t, Defined> prepared ABSL_GUARDED_BY(mu);
+  std::map<uint64_t, Named> layouts ABSL_GUARDED_BY(mu);  // the most recently named kept
+  uint64_t uses ABSL_GUARDED_BY(mu) = 0;
 };
 
 // An rdma pull being served: what its transfer is made from (again, after a failure).
@@ -717,7 +727,7 @@ absl::StatusOr<Node::PullTarget> Node::ResolveTarget(const std::string& sender,
                                                      const wire::PullRequest& req, uint64_t size) {
   PullTarget t;
   std::shared_ptr<Peer> peer;
-  if (req.prepared != 0) {
+  if (req.prepared != 0 || req.layout_ref != 0) {
     absl::MutexLock lock(&served_mu_);
     auto it = peers_.find(sender);
     if (it != peers_.end()) peer = it->second;
@@ -786,6 +796,24 @@ absl::StatusOr<Node::PullTarget> Node::ResolveTarget(const std::string& sender,
         total += d.pieces[i].length;
       }
     }
+  } else if (req.layout_ref != 0 && !req.defines_layout) {
+    if (peer == nullptr) return absl::AbortedError(absl::StrCat(kStaleLayout, " (no session)"));
+    absl::MutexLock lock(&peer->mu);
+    auto it = peer->layouts.find(req.layout_ref);
+    if (it == peer->layouts.end()) return absl::AbortedError(kStaleLayout);
+    const Peer::Named& named = it->second;
+    bool covered = req.regions.size() == named.reach.size();
+    for (size_t i = 0; covered && i < named.reach.size(); ++i) {
+      covered = named.reach[i] <= req.regions[i].length;
+    }
+    if (!covered) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the windows do not hold layout ", req.layout_ref));
+    }
+    it->second.used = ++peer->uses;
+    t.regions = std::make_shared<const std::vector<RegionDescriptor>>(req.regions);
+    t.extents = named.pieces;
+    total = named.bytes;
   } else {
     t.regions = std::make_shared<const std::vector<RegionDescriptor>>(req.regions);
     if (req.layout.pieces() > options_.max_extents) {
@@ -795,6 +823,25 @@ absl::StatusOr<Node::PullTarget> Node::ResolveTarget(const std::string& sender,
     t.extents.reserve(req.layout.pieces());
     req.layout.ForEach([&](const Extent& e) { t.extents.push_back(e); });
     ASSIGN_OR_RETURN(total, check(*t.regions, t.extents, req.layout));
+    if (req.defines_layout && peer != nullptr) {
+      Peer::Named named;
+      named.pieces = t.extents;
+      named.bytes = total;
+      named.reach.resize(t.regions->size());
+      for (const Layout::Run& r : req.layout.runs()) {
+        uint64_t start = 0, end = 0;
+        req.layout.Cover(r, &start, &end);  // checked above: no overflow
+        named.reach[r.region] = std::max(named.reach[r.region], end);
+      }
+      absl::MutexLock lock(&peer->mu);
+      if (peer->layouts.size() >= 2 * kNamedLayouts && !peer->layouts.contains(req.layout_ref)) {
+        peer->layouts.erase(std::min_element(
+            peer->layouts.begin(), peer->layouts.end(),
+            [](const auto& a, const auto& b) { return a.second.used < b.second.used; }));
+      }
+      named.used = ++peer->uses;
+      peer->layouts[req.layout_ref] = std::move(named);
+    }
   }
   if (total != size) {
     return absl::InvalidArgumentError(

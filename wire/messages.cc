@@ -351,6 +351,8 @@ std::string Encode(const PullRequest& r) {
   w.U64(r.prepared_epoch);
   w.U8(r.defines_prepared ? 1 : 0);
   EncodeU32s(r.indices, w);
+  w.U64(r.layout_ref);
+  w.U8(r.defines_layout ? 1 : 0);
   w.U8(r.staged ? 1 : 0);
   if (r.staged) {
     Encode(r.staging.region, w);
@@ -364,7 +366,7 @@ std::string Encode(const PullRequest& r) {
 
 absl::Status Decode(std::string_view b, PullRequest* r, uint64_t max_pieces) {
   ByteReader in(b);
-  uint8_t defines = 0, staged = 0;
+  uint8_t defines = 0, defines_layout = 0, staged = 0;
   uint32_t nregions = 0;
   if (!in.Bytes(&r->object) || !in.U64(&r->version) || !in.U8(&r->path) ||
       !in.U64(&r->timeout_ms) || !Decode(in, &r->part, max_pieces) || !in.U32(&nregions) ||
@@ -375,10 +377,15 @@ absl::Status Decode(std::string_view b, PullRequest* r, uint64_t max_pieces) {
   for (RegionDescriptor& d : r->regions) RETURN_IF_ERROR(Decode(in, &d));
   RETURN_IF_ERROR(Decode(in, &r->layout, max_pieces));
   if (!in.U64(&r->prepared) || !in.U64(&r->prepared_epoch) || !in.U8(&defines) || defines > 1 ||
-      !DecodeU32s(in, &r->indices, max_pieces) || !in.U8(&staged) || staged > 1) {
+      !DecodeU32s(in, &r->indices, max_pieces) || !in.U64(&r->layout_ref) ||
+      !in.U8(&defines_layout) || defines_layout > 1 || !in.U8(&staged) || staged > 1) {
     return Malformed("pull request");
   }
   r->defines_prepared = defines != 0;
+  r->defines_layout = defines_layout != 0;
+  if ((r->defines_layout && r->layout_ref == 0) || (r->layout_ref != 0 && r->prepared != 0)) {
+    return Malformed("pull request");
+  }
   r->staged = staged != 0;
   if (r->staged) {
     RETURN_IF_ERROR(Decode(in, &r->staging.region));

@@ -94,6 +94,11 @@ struct PullRequest {
   uint64_t prepared_epoch = 0;
   bool defines_prepared = false;
   std::vector<uint32_t> indices;
+  // A layout this destination has shown this source before, named by its number in their
+  // session (0: none): `layout` is then empty, unless `defines_layout` (the source does not
+  // know the number yet, or forgot it). `regions` are this pull's windows either way.
+  uint64_t layout_ref = 0;
+  bool defines_layout = false;
   bool staged = false;
   StagingRing staging;
   uint32_t immediate = 0;  // rdma: the tag of the WRITE that lands last (0: none)

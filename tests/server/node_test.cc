@@ -439,6 +439,67 @@ TEST_F(NodeTest, APreparedDestinationIsDefinedOnceAndAgainWhenTheSourceForgotIt)
   ASSERT_OK(b_->ReleaseDestination(handle));
 }
 
+TEST_F(NodeTest, ALargeLayoutGoesOnceThenByItsNumberAndAgainWhenTheSourceForgotIt) {
+  // 512 pages of 1 KiB (A's pieces in reverse order) into B's page slots k * 37 % 512.
+  constexpr size_t kPages = 512;
+  constexpr uint64_t kPage = 1024;
+  ASSERT_OK(PublishOnA("kv", kPages, kPage));
+  std::vector<uint32_t> slots(kPages);
+  for (size_t k = 0; k < kPages; ++k) slots[k] = static_cast<uint32_t>(k * 37 % kPages);
+  auto into = [&](uint64_t region) { return Layout().AddPages(region, 0, kPage, slots); };
+  // Each pull request: its layout's number, whether it defined it, its layout's pieces.
+  auto sent = [&] {
+    std::vector<std::tuple<uint64_t, bool, uint64_t>> out;
+    for (const Crossing& c : net_->log()) {
+      if (c.answer || c.type != wire::MessageType::kPull) continue;
+      wire::PullRequest r;
+      EXPECT_OK(wire::Decode(c.body, &r, 65536));
+      out.emplace_back(r.layout_ref, r.defines_layout, r.layout.pieces());
+    }
+    return out;
+  };
+  auto landed = [&](const std::vector<char>& dst) {
+    for (size_t k = 0; k < kPages; ++k) {
+      const auto from = src_.begin() + static_cast<long>((kPages - 1 - k) * kPage);
+      if (!std::equal(from, from + kPage, dst.begin() + static_cast<long>(slots[k] * kPage))) {
+        return false;
+      }
+    }
+    return true;
+  };
+  using T = std::tuple<uint64_t, bool, uint64_t>;
+  // A small layout has no number.
+  ASSERT_OK(b_->Pull(Into("kv", Layout({{dst_region_, 0, kPages * kPage}}))).status());
+  ASSERT_OK(b_->Pull(Into("kv", into(dst_region_))).status());
+  EXPECT_TRUE(landed(dst_));
+  std::fill(dst_.begin(), dst_.end(), 0);
+  ASSERT_OK(b_->Pull(Into("kv", into(dst_region_))).status());
+  EXPECT_TRUE(landed(dst_));
+  // The same page table over another region is the same layout over that pull's windows.
+  std::vector<char> other = Pattern(1 << 20, 0, /*fill=*/false);
+  ASSERT_OK_AND_ASSIGN(RegionInfo o,
+                       b_->RegisterRegion(other.data(), other.size(), Device::Host()));
+  ASSERT_OK(b_->Pull(Into("kv", into(o.id))).status());
+  EXPECT_TRUE(landed(other));
+  EXPECT_THAT(sent(),
+              ElementsAre(T{0, false, 1}, T{1, true, kPages}, T{1, false, 0}, T{1, false, 0}));
+  // A restarts (same node id, its caches empty): the number alone is refused, and the
+  // layout goes again with it, once.
+  net_->Attach(kUrlA, nullptr);
+  a_.reset();
+  ASSERT_OK_AND_ASSIGN(a_, Open("a", kUrlA));
+  ASSERT_OK_AND_ASSIGN(RegionInfo r, a_->RegisterRegion(src_.data(), src_.size(), Device::Host()));
+  src_region_ = r.id;
+  ASSERT_OK(PublishOnA("kv", kPages, kPage));
+  net_->ClearLog();
+  std::fill(dst_.begin(), dst_.end(), 0);
+  ASSERT_OK(b_->Pull(Into("kv", into(dst_region_))).status());
+  EXPECT_TRUE(landed(dst_));
+  EXPECT_THAT(sent(), ElementsAre(T{1, false, 0}, T{1, true, kPages}));
+  ASSERT_OK(b_->Pull(Into("kv", into(dst_region_))).status());
+  EXPECT_THAT(sent().back(), T(1, false, 0));
+}
+
 // Both nodes seal their messages under one cluster key.
 TEST_F(NodeTest, APeerReplacedBetweenItsLookupAndTheSubmissionTakesTheTransferInstead) {
   ASSERT_OK(PublishOnA("o", 2, 4096));

@@ -111,6 +111,12 @@ TEST_P(PullsTest, RandomLayoutsInEveryFormArriveByteForByteOverTheFabric) {
     EXPECT_EQ(stats.via, "fabric");
     EXPECT_EQ(stats.path, "rdma");
     EXPECT_TRUE(Gather(into, dst.data()) == Gather(object, src.data()));
+    // Another object of as many bytes into the same layout: the layout goes by its number.
+    const Layout whole({{sr, 3 << 20, bytes}});
+    ASSERT_OK(a_->Publish(name + "w", whole).status());
+    ASSERT_OK_AND_ASSIGN(stats, PullInto(name + "w", into));
+    EXPECT_EQ(stats.bytes, bytes);
+    EXPECT_TRUE(Gather(into, dst.data()) == Gather(whole, src.data()));
     ASSERT_OK(b_->Unregister(dr));
   }
 }

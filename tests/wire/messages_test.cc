@@ -71,5 +71,32 @@ TEST(MessagesTest, APageEndingPast2To64OrCutShortIdsAreRefused) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(MessagesTest, ALayoutNumberTravelsWithOrWithoutItsLayoutAndNeverWithAPreparedOne) {
+  PullRequest r = WithLayout(Layout().AddPages(0, 0, 4096, {3, 1}));
+  r.layout_ref = 9;
+  r.defines_layout = true;
+  PullRequest back;
+  ASSERT_TRUE(Decode(Encode(r), &back, 10).ok());
+  EXPECT_EQ(back.layout_ref, 9u);
+  EXPECT_TRUE(back.defines_layout);
+  EXPECT_EQ(back.layout, r.layout);
+  r.defines_layout = false;
+  r.layout = Layout();
+  ASSERT_TRUE(Decode(Encode(r), &back, 10).ok());
+  EXPECT_EQ(back.layout_ref, 9u);
+  EXPECT_FALSE(back.defines_layout);
+  EXPECT_TRUE(back.layout.empty());
+  // A layout defined under no number, or a number beside a prepared destination.
+  PullRequest unnumbered = WithLayout(Layout({{0, 0, 8}}));
+  unnumbered.defines_layout = true;
+  PullRequest both = r;
+  both.prepared = 2;
+  for (const PullRequest& bad : {unnumbered, both}) {
+    const absl::Status s = Decode(Encode(bad), &back, 10);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.message(), "pull request: short or malformed");
+  }
+}
+
 }  // namespace
 }  // namespace ferry::wire

@@ -26,6 +26,7 @@ class Layout {
     uint64_t stride = 0;  // kStrided: from one piece's start to the next's
     uint64_t count = 1;   // pieces (kPages: page ids, in `page_ids` from `first_page`)
     uint64_t first_page = 0;
+    bool operator==(const Run&) const = default;
   };
 
   Layout() = default;
@@ -118,6 +119,12 @@ class Layout {
       }
     }
   }
+  // The same runs in the same order, with the same page ids.
+  friend bool operator==(const Layout& a, const Layout& b) {
+    return a.pieces_ == b.pieces_ && a.bytes_ == b.bytes_ && a.runs_ == b.runs_ &&
+           a.page_ids_ == b.page_ids_;
+  }
+
   // Every piece as an extent, pieces adjacent in one region merged.
   std::vector<Extent> Expand() const {
     std::vector<Extent> out;
